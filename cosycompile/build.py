@@ -1,0 +1,224 @@
+"""From a recipe to a graph of steps, and from finished steps to a bundle.
+
+Per enabled stage: export -> simplify -> engine -> check. Then one pipeline check over the
+eval set, then the bundle ``builds/<name>-<key12>/`` assembled from cache entries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from . import __version__
+from .backends import get_backend_info
+from .cache import Store
+from .dataset import load_dataset
+from .errors import ModelError
+from .graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
+from .hashing import tool_versions
+from .recipe import Recipe
+from .stages import STAGES
+from .targets import TARGETS
+
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_MODELS = ("tiny", "random-0.5b")
+FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx", "builtin.json",
+                  "CosyVoice-BlankEN/tokenizer_config.json", "CosyVoice-BlankEN/vocab.json",
+                  "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer.json")
+TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")
+
+
+def _lazy(module: str, func: str) -> Callable[[StepContext], Any]:
+    """A step body that imports its (heavy) implementation only when the step actually runs."""
+
+    def run(ctx: StepContext) -> Any:
+        return getattr(importlib.import_module(module), func)(ctx)
+
+    run.__qualname__ = f"{module}.{func}"
+    return run
+
+
+@dataclass
+class ModelInput:
+    """Either a step that materialises a built-in model, or a checkpoint dir on disk."""
+
+    step: Step | None
+    root: Path | None
+
+    def attach(self, step: Step, files: tuple[str, ...]) -> None:
+        """Make ``step`` depend on the model: the whole built-in dir, or only ``files`` of a real dir."""
+        if self.step is not None:
+            step.deps["model"] = self.step
+        else:
+            assert self.root is not None
+            present = [self.root / f for f in files if (self.root / f).is_file()]
+            step.files["model"] = (self.root, present)
+
+
+def model_input(recipe: Recipe) -> ModelInput:
+    """Resolve the recipe's ``model:`` into a ModelInput, failing early on a bad spec or dir."""
+    spec = recipe.model
+    if spec.startswith(BUILTIN_PREFIX):
+        name = spec[len(BUILTIN_PREFIX):]
+        if name not in BUILTIN_MODELS:
+            raise ModelError(f"{recipe.source}: unknown built-in model '{spec}' "
+                             f"(known: {', '.join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS)})")
+        step = Step(
+            name="model", kind="model.builtin", run=_lazy("cosycompile.steps_model", "materialize"),
+            params={"spec": spec, "seed": 0}, sources=("models",), tools=("torch", "transformers", "onnx"),
+            describe=f"write {spec} in the CosyVoice2 checkpoint layout",
+        )
+        return ModelInput(step, None)
+    root = recipe.resolve_path(spec)
+    if not root.is_dir():
+        raise ModelError(f"{recipe.source}: model dir not found: {root}")
+    if not (root / "cosyvoice2.yaml").is_file():
+        raise ModelError(f"{root}: not a CosyVoice2 model dir (no cosyvoice2.yaml)")
+    for stage in recipe.enabled_stages():
+        for f in STAGES[stage].model_files:
+            if f.endswith(".pt") and not (root / f).is_file():
+                raise ModelError(f"{root / f}: checkpoint for stage '{stage}' is missing")
+    return ModelInput(None, root.resolve())
+
+
+@dataclass
+class BuildPlan:
+    recipe: Recipe
+    steps: list[Step]
+    final: Step
+    stage_steps: dict[str, dict[str, Step]]
+
+
+def plan_build(recipe: Recipe) -> BuildPlan:
+    """Every step the recipe needs, wired together (no work done, nothing heavy imported)."""
+    target = TARGETS[recipe.target]
+    model = model_input(recipe)
+    eval_set = load_dataset(recipe.resolve_path(recipe.validation.eval_set))
+    eval_items = eval_set.head(recipe.validation.max_items)
+    eval_files = sorted({eval_set.root / "manifest.jsonl", *[i.prompt_wav for i in eval_items if i.prompt_wav]})
+    threads = recipe.validation.speed.threads
+    sampling = recipe.validation.sampling.model_dump()
+
+    stage_steps: dict[str, dict[str, Step]] = {}
+    for name in recipe.enabled_stages():
+        sdef = STAGES[name]
+        spec = recipe.stage(name)
+        mod = sdef.module
+        src = f"stages/{name}.py"
+        export = Step(
+            name=f"{name}.export", kind=f"{name}.export", run=_lazy(mod, "export"),
+            params={"opset": spec.export.opset}, sources=("models", src, "onnx_tools.py", "graphs_dir.py"),
+            tools=TORCH_TOOLS, describe=f"export {sdef.summary} to ONNX",
+        )
+        model.attach(export, sdef.model_files)
+        simplify = Step(
+            name=f"{name}.simplify", kind="onnx.simplify", run=_lazy("cosycompile.steps_common", "simplify"),
+            params={"method": spec.export.simplify}, deps={"graphs": export},
+            sources=("steps_common.py", "onnx_tools.py", "graphs_dir.py"),
+            tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
+        )
+        info = get_backend_info(spec.engine.backend)
+        assert info is not None  # recipe validation guarantees it
+        engine = Step(
+            name=f"{name}.engine", kind=f"engine.{info.name}", run=_lazy("cosycompile.steps_common", "build_engine"),
+            params={"backend": info.name, "options": info.resolved_options(spec.engine.options),
+                    "precision": spec.quantize.format},
+            deps={"graphs": simplify}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
+            tools=info.tools, target=target.name, describe=f"build the {name} engine with {info.name}",
+        )
+        check = Step(
+            name=f"{name}.check", kind=f"{name}.check", run=_lazy(mod, "check"),
+            params={"check": spec.check.model_dump(), "threads": threads, "sampling": sampling,
+                    "max_items": recipe.validation.max_items, "backend": info.name},
+            deps={"engine": engine}, sources=("models", src, "pipeline.py", "reference.py", "dsp.py",
+                                              "validate/metrics.py", "frontend.py", "dataset.py"),
+            tools=TORCH_TOOLS + info.tools, target=target.name,
+            describe=f"compare the {name} engine with the PyTorch FP32 reference",
+        )
+        model.attach(check, sdef.model_files + FRONTEND_FILES)
+        check.files["eval"] = (eval_set.root, eval_files)
+        stage_steps[name] = {"export": export, "simplify": simplify, "engine": engine, "check": check}
+
+    final = Step(
+        name="pipeline.check", kind="pipeline.check", run=_lazy("cosycompile.validate.pipeline_check", "run"),
+        params={"validation": recipe.validation.model_dump(exclude={"eval_set"}),
+                "stages": recipe.enabled_stages(),
+                "backends": {s: recipe.stage(s).engine.backend for s in recipe.enabled_stages()}},
+        deps={**{f"{s}.engine": st["engine"] for s, st in stage_steps.items()},
+              **{f"{s}.check": st["check"] for s, st in stage_steps.items()}},
+        sources=("models", "pipeline.py", "reference.py", "frontend.py", "dsp.py", "validate", "dataset.py",
+                 "backends"),
+        tools=TORCH_TOOLS + ("onnxruntime",), target=target.name,
+        describe="text -> wav on the engines vs the PyTorch FP32 reference on the eval set",
+    )
+    model.attach(final, tuple(sorted({f for s in recipe.enabled_stages() for f in STAGES[s].model_files}))
+                 + FRONTEND_FILES)
+    final.files["eval"] = (eval_set.root, eval_files)
+    steps = [final]
+    return BuildPlan(recipe, steps, final, stage_steps)
+
+
+def executor(plan: BuildPlan, store: Store, reporter: Reporter, force: bool = False) -> Executor:
+    """An Executor for the plan, remembering state per recipe name (to explain rebuilds)."""
+    state = StateFile(store.root / "state" / f"{plan.recipe.name}.json")
+    return Executor(store, plan.steps, state, reporter, force=force)
+
+
+def bundle_dir(plan: BuildPlan, store: Store) -> Path:
+    return store.root / "builds" / f"{plan.recipe.name}-{plan.final.key(store)[:12]}"
+
+
+def assemble_bundle(plan: BuildPlan, store: Store, result: BuildResult) -> Path:
+    """Publish ``builds/<name>-<key12>/`` atomically from the cache entries (no-op if present)."""
+    dest = bundle_dir(plan, store)
+    if (dest / "manifest.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    try:
+        for stage, steps in plan.stage_steps.items():
+            src = result.entries[steps["engine"].name].data
+            shutil.copytree(src, tmp / "engines" / stage, copy_function=_link)
+        final = result.entries[plan.final.name].data
+        for f in final.iterdir():
+            if f.is_file():
+                _link(str(f), str(tmp / f.name))
+            else:
+                shutil.copytree(f, tmp / f.name, copy_function=_link)
+        manifest = {
+            "schema": 1,
+            "cosycompile": __version__,
+            "recipe": plan.recipe.name,
+            "recipe_source": plan.recipe.source,
+            "model": plan.recipe.model,
+            "target": plan.recipe.target,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "key": plan.final.key(store),
+            "steps": {name: {"key": e.key, "seconds": e.meta.get("seconds")} for name, e in result.entries.items()},
+            "stages": {s: {"backend": plan.recipe.stage(s).engine.backend,
+                           "precision": plan.recipe.stage(s).quantize.format,
+                           "engine_key": result.entries[st["engine"].name].key}
+                       for s, st in plan.stage_steps.items()},
+            "tools": tool_versions(("torch", "transformers", "onnx", "onnxruntime", "onnxslim")),
+        }
+        (tmp / "recipe.json").write_text(plan.recipe.model_dump_json(indent=1, exclude={"source", "base_dir"}))
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _link(src: str, dst: str) -> None:
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

@@ -1,0 +1,200 @@
+"""Local content-addressed store for step outputs.
+
+Layout under the artifacts dir::
+
+    cache/objects/<k[:2]>/<key>/entry.json   # written last, inside the staging dir
+    cache/objects/<k[:2]>/<key>/data/...     # the step's output files
+    cache/tmp/<key>.<pid>.<nonce>/          # staging; renamed into objects/ on success
+    cache/locks/<key>.lock                  # flock held while a key is being built
+
+An entry exists only after an atomic rename of a complete staging dir, so a killed build can
+leave garbage in ``tmp/`` but never a half-written entry. Entries are verified against their
+recorded digests before reuse; a file whose stats changed since it was stored is re-hashed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import UserError
+from .hashing import StatCache, sha256_file
+
+ENTRY_FILE = "entry.json"
+ENTRY_VERSION = 1
+
+
+@dataclass
+class Entry:
+    """A verified cache entry."""
+
+    key: str
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def data(self) -> Path:
+        return self.path / "data"
+
+
+class CorruptEntry(Exception):
+    """An entry whose files do not match its recorded digests."""
+
+
+class Store:
+    """The local tier of the cache (a remote tier can wrap the same interface)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.cache_dir = self.root / "cache"
+        self.objects = self.cache_dir / "objects"
+        self.tmp = self.cache_dir / "tmp"
+        self.locks = self.cache_dir / "locks"
+        self.stat_cache = StatCache(self.cache_dir / "statcache.json")
+
+    # -- setup ---------------------------------------------------------------------------
+    def ensure_writable(self) -> None:
+        """Create the store's folders, or fail with a one-line error naming the artifacts dir."""
+        try:
+            for d in (self.objects, self.tmp, self.locks):
+                d.mkdir(parents=True, exist_ok=True)
+            probe = self.tmp / f".probe.{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise UserError(f"{self.root}: artifacts dir is not writable ({exc.strerror or exc})") from None
+
+    def entry_dir(self, key: str) -> Path:
+        return self.objects / key[:2] / key
+
+    # -- read ----------------------------------------------------------------------------
+    def lookup(self, key: str, verify: bool = True) -> Entry | None:
+        """The entry for ``key`` if present and intact; a corrupt entry is removed and reported as absent."""
+        path = self.entry_dir(key)
+        entry_file = path / ENTRY_FILE
+        if not entry_file.exists():
+            return None
+        try:
+            meta = json.loads(entry_file.read_text())
+            if meta.get("key") != key or meta.get("version") != ENTRY_VERSION:
+                raise CorruptEntry("entry header does not match its key")
+            if verify:
+                self._verify(path, meta)
+        except (CorruptEntry, OSError, ValueError):
+            self._discard(path)
+            return None
+        return Entry(key, path, meta)
+
+    def _verify(self, path: Path, meta: dict[str, Any]) -> None:
+        files: dict[str, list[Any]] = meta["files"]
+        data = path / "data"
+        present = {str(p.relative_to(data)) for p in data.rglob("*") if p.is_file()}
+        if present != set(files):
+            raise CorruptEntry("file list differs")
+        for rel, (size, digest) in files.items():
+            f = data / rel
+            if f.stat().st_size != size or self.stat_cache.digest(f) != digest:
+                raise CorruptEntry(f"{rel} does not match its digest")
+
+    def verify_all(self, full: bool = False) -> tuple[int, list[str]]:
+        """Check every entry; ``full`` re-hashes every file. Returns (count, bad keys) and removes bad ones."""
+        bad: list[str] = []
+        count = 0
+        for entry_file in sorted(self.objects.glob(f"*/*/{ENTRY_FILE}")):
+            count += 1
+            path = entry_file.parent
+            try:
+                meta = json.loads(entry_file.read_text())
+                if full:
+                    for rel, (size, digest) in meta["files"].items():
+                        if sha256_file(path / "data" / rel) != digest:
+                            raise CorruptEntry(rel)
+                else:
+                    self._verify(path, meta)
+            except (CorruptEntry, OSError, ValueError, KeyError):
+                bad.append(path.name)
+                self._discard(path)
+        self.stat_cache.save()
+        return count, bad
+
+    def _discard(self, path: Path) -> None:
+        # Move aside first so a concurrent reader never sees a half-deleted entry.
+        trash = self.tmp / f"discard.{path.name}.{uuid.uuid4().hex[:8]}"
+        try:
+            os.replace(path, trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # -- write ---------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Exclusive per-key lock (released by the kernel if the process dies)."""
+        self.locks.mkdir(parents=True, exist_ok=True)
+        with open(self.locks / f"{key}.lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def clean_staging(self, key: str) -> None:
+        """Remove staging dirs left by killed builds of ``key`` (call while holding its lock)."""
+        for stale in self.tmp.glob(f"{key}.*"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+    @contextmanager
+    def staging(self, key: str) -> Iterator[Path]:
+        """A fresh staging dir whose ``data/`` the caller fills; removed on error."""
+        self.clean_staging(key)
+        stage = self.tmp / f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        (stage / "data").mkdir(parents=True)
+        try:
+            yield stage
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+
+    def commit(self, key: str, stage: Path, meta: dict[str, Any]) -> Entry:
+        """Record digests, write entry.json last, fsync, and atomically publish the staging dir."""
+        data = stage / "data"
+        files: dict[str, list[Any]] = {}
+        for f in sorted(p for p in data.rglob("*") if p.is_file()):
+            files[str(f.relative_to(data))] = [f.stat().st_size, self.stat_cache.digest(f)]
+            _fsync_file(f)
+        body = {"version": ENTRY_VERSION, "key": key, "created": time.time(), "files": files, **meta}
+        entry_tmp = stage / (ENTRY_FILE + ".tmp")
+        entry_tmp.write_text(json.dumps(body, indent=1, sort_keys=True))
+        _fsync_file(entry_tmp)
+        os.replace(entry_tmp, stage / ENTRY_FILE)
+        final = self.entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # left by an older run that failed verification; replace it
+            self._discard(final)
+        os.replace(stage, final)
+        _fsync_dir(final.parent)
+        for rel, (_, digest) in files.items():
+            self.stat_cache.remember(final / "data" / rel, digest)
+        self.stat_cache.save()
+        return Entry(key, final, body)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,91 @@
+"""Text and prompt front end: what turns an eval item into LM/flow inputs.
+
+It is not compiled, and it is the same for the reference and for every build. A real model dir
+uses the Qwen tokenizer in ``CosyVoice-BlankEN`` and the ``campplus.onnx`` /
+``speech_tokenizer_v2.onnx`` models through ONNX Runtime; a built-in model (``builtin.json``)
+uses a byte-level stand-in tokenizer and the small stand-in ONNX models ``init-model`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .dataset import Item, read_wav
+from .dsp import kaldi_fbank, mel_spectrogram, resample, whisper_log_mel
+from .errors import ModelError
+from .pipeline import Prompt
+
+PROMPT_SR = 16000
+SAMPLE_RATE = 24000
+
+
+class Frontend:
+    """Tokenizer plus prompt feature extraction for one model dir."""
+
+    def __init__(self, model_dir: Path, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        self.model_dir = Path(model_dir)
+        marker = self.model_dir / "builtin.json"
+        self.builtin = json.loads(marker.read_text()) if marker.is_file() else None
+        qwen_dir = self.model_dir / "CosyVoice-BlankEN"
+        if self.builtin is not None:
+            cfg = json.loads((qwen_dir / "config.json").read_text())
+            self.vocab_size = int(cfg["vocab_size"])
+            self._tok = None
+        else:
+            try:
+                from transformers import AutoTokenizer
+
+                self._tok = AutoTokenizer.from_pretrained(str(qwen_dir), local_files_only=True)
+            except Exception as exc:  # transformers raises many types for a broken tokenizer dir
+                raise ModelError(f"{qwen_dir}: cannot load the Qwen tokenizer ({exc.__class__.__name__})") from None
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        sessions = {}
+        for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
+            path = self.model_dir / name
+            if not path.is_file():
+                raise ModelError(f"{path}: front-end model is missing")
+            sessions[name] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        self.campplus = sessions["campplus.onnx"]
+        self.speech_tokenizer = sessions["speech_tokenizer_v2.onnx"]
+
+    def text_ids(self, text: str) -> np.ndarray:
+        """Token ids of ``text`` for the LM's text embedding table."""
+        if self._tok is None:
+            # Stand-in for a BPE: UTF-8 bytes, shifted past a few reserved ids, folded into the vocab.
+            return np.asarray([(b + 3) % self.vocab_size for b in text.encode("utf-8")], np.int64)
+        return np.asarray(self._tok.encode(text, add_special_tokens=False), np.int64)
+
+    def speaker_embedding(self, wav16k: np.ndarray) -> np.ndarray:
+        feat = kaldi_fbank(wav16k, 80)
+        feat = feat - feat.mean(axis=0, keepdims=True)
+        inp = self.campplus.get_inputs()[0].name
+        return self.campplus.run(None, {inp: feat[None].astype(np.float32)})[0].reshape(-1).astype(np.float32)
+
+    def speech_tokens(self, wav16k: np.ndarray) -> np.ndarray:
+        feats = whisper_log_mel(wav16k, 128)[None].astype(np.float32)
+        ins = self.speech_tokenizer.get_inputs()
+        out = self.speech_tokenizer.run(None, {ins[0].name: feats, ins[1].name: np.array([feats.shape[2]], np.int32)})
+        return out[0].reshape(-1).astype(np.int64)
+
+    def prompt(self, wav: np.ndarray, sr: int, text: str) -> Prompt:
+        """Prompt features with the mel trimmed to exactly 2 frames per prompt token, as CosyVoice2 does."""
+        wav16k = resample(wav, sr, PROMPT_SR) if sr != PROMPT_SR else wav
+        tokens = self.speech_tokens(wav16k)
+        mel = mel_spectrogram(resample(wav16k, PROMPT_SR, SAMPLE_RATE), SAMPLE_RATE)
+        n = min(mel.shape[1] // 2, len(tokens))
+        return Prompt(self.text_ids(text) if text else np.zeros(0, np.int64), tokens[:n],
+                      np.ascontiguousarray(mel[:, : 2 * n].astype(np.float32)), self.speaker_embedding(wav16k))
+
+    def item_inputs(self, item: Item) -> tuple[np.ndarray, Prompt]:
+        """(text ids, prompt) of an eval/calibration item."""
+        if item.prompt_wav is None:
+            return self.text_ids(item.text), Prompt.empty()
+        wav, sr = read_wav(item.prompt_wav)
+        return self.text_ids(item.text), self.prompt(wav, sr, item.prompt_text)

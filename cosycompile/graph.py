@@ -1,0 +1,280 @@
+"""The build graph: steps with content keys, and an executor that runs only what is missing.
+
+A step's key hashes (kind, implementation source, resolved params, its inputs' keys, external
+files' content digests, tool versions, target) — never its outputs, which need not be
+deterministic. Working out every key touches no heavy library, so a fully cached build is fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+from .cache import Entry, Store
+from .hashing import digest_files, digest_obj, source_digest, tool_versions
+
+T = TypeVar("T")
+
+
+@dataclass
+class StepContext:
+    """What a running step sees: its params, its inputs' output dirs, and a place to write."""
+
+    name: str
+    key: str
+    params: dict[str, Any]
+    inputs: dict[str, Path]
+    files: dict[str, list[Path]]
+    file_roots: dict[str, Path]
+    out: Path
+    target: str | None
+    reporter: "Reporter"
+
+    def progress(self, items: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
+        """Iterate with a progress bar on a terminal (plain when not)."""
+        return self.reporter.progress(items, total=total, desc=f"{self.name} {desc}".strip())
+
+    def log(self, msg: str) -> None:
+        self.reporter.detail(self.name, msg)
+
+
+@dataclass(eq=False)
+class Step:
+    """A node of the build graph.
+
+    ``run`` fills ``ctx.out`` and may return JSON-able metadata that is stored with the entry.
+    ``sources`` are package-relative paths whose code implements the step (hashed into the key);
+    ``tools`` are distributions whose versions matter to the output.
+    """
+
+    name: str
+    kind: str
+    run: Callable[[StepContext], dict[str, Any] | None]
+    params: dict[str, Any] = field(default_factory=dict)
+    deps: dict[str, "Step"] = field(default_factory=dict)
+    files: dict[str, tuple[Path, list[Path]]] = field(default_factory=dict)  # name -> (root, files)
+    sources: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    target: str | None = None
+    describe: str = ""
+
+    _key: str | None = field(default=None, repr=False)
+    _components: dict[str, Any] | None = field(default=None, repr=False)
+
+    def components(self, store: Store) -> dict[str, Any]:
+        """Everything the key is made of, as a JSON-able dict (also used to explain rebuilds)."""
+        if self._components is None:
+            self._components = {
+                "kind": self.kind,
+                "code": source_digest(self.sources),
+                "params": self.params,
+                "inputs": {n: d.key(store) for n, d in sorted(self.deps.items())},
+                "files": {
+                    n: digest_files(fs, store.stat_cache, root) for n, (root, fs) in sorted(self.files.items())
+                },
+                "tools": tool_versions(self.tools),
+                "target": self.target,
+            }
+        return self._components
+
+    def key(self, store: Store) -> str:
+        if self._key is None:
+            self._key = digest_obj(self.components(store))
+        return self._key
+
+
+def topo_order(steps: Iterable[Step]) -> list[Step]:
+    """Steps and their transitive deps, dependencies first, in a stable order."""
+    order: list[Step] = []
+    seen: set[int] = set()
+
+    def visit(s: Step) -> None:
+        if id(s) in seen:
+            return
+        seen.add(id(s))
+        for d in s.deps.values():
+            visit(d)
+        order.append(s)
+
+    for s in steps:
+        visit(s)
+    return order
+
+
+@dataclass
+class PlanItem:
+    step: Step
+    key: str
+    cached: bool
+    reason: str
+
+
+@dataclass
+class BuildResult:
+    ran: list[str]
+    cached: list[str]
+    entries: dict[str, Entry]
+    seconds: dict[str, float]
+
+
+class Reporter:
+    """Progress output on stderr: one line per step, bars for long loops on a terminal."""
+
+    def __init__(self, quiet: bool = False, stream: Any = None) -> None:
+        self.quiet = quiet
+        self.stream = stream or sys.stderr
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.width = 22
+
+    def line(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, file=self.stream, flush=True)
+
+    def detail(self, step: str, msg: str) -> None:
+        self.line(f"      {step}: {msg}")
+
+    def progress(self, items: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
+        if self.quiet or not self.tty:
+            return iter(items)
+        from tqdm import tqdm
+
+        return iter(tqdm(items, total=total, desc=f"      {desc}", file=self.stream, leave=False, dynamic_ncols=True))
+
+
+class StateFile:
+    """Last-built key components per step of a recipe, to say *why* a step will run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        except (OSError, ValueError):
+            self.data = {}
+
+    def reason(self, step: Step, comps: dict[str, Any]) -> str:
+        old = self.data.get(step.name)
+        if not old:
+            return "never built"
+        diffs = []
+        if old.get("code") != comps["code"]:
+            diffs.append("code changed")
+        if old.get("params") != comps["params"]:
+            keys = _changed_keys(old.get("params", {}), comps["params"])
+            diffs.append("params changed: " + ", ".join(keys[:4]))
+        for n, k in comps["inputs"].items():
+            if old.get("inputs", {}).get(n) != k:
+                diffs.append(f"input '{n}' changed")
+        for n, k in comps["files"].items():
+            if old.get("files", {}).get(n) != k:
+                diffs.append(f"files '{n}' changed")
+        if old.get("tools") != comps["tools"]:
+            changed = [f"{d} {old.get('tools', {}).get(d, '?')}->{v}" for d, v in comps["tools"].items()
+                       if old.get("tools", {}).get(d) != v]
+            diffs.append("tool versions changed: " + ", ".join(changed))
+        if old.get("target") != comps["target"]:
+            diffs.append("target changed")
+        return "; ".join(diffs) if diffs else "cache entry missing or failed verification"
+
+    def record(self, step: Step, comps: dict[str, Any]) -> None:
+        self.data[step.name] = comps
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+        os.replace(tmp, self.path)
+
+
+def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new)):
+            out += _changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [prefix.rstrip(".")] if old != new else []
+
+
+class Executor:
+    """Plans and runs a set of target steps against a store."""
+
+    def __init__(self, store: Store, targets: list[Step], state: StateFile, reporter: Reporter,
+                 force: bool = False) -> None:
+        self.store = store
+        self.steps = topo_order(targets)
+        self.state = state
+        self.reporter = reporter
+        self.force = force
+
+    def plan(self) -> list[PlanItem]:
+        """What would run and why, without running anything."""
+        items = []
+        for s in self.steps:
+            key = s.key(self.store)
+            entry = None if self.force else self.store.lookup(key)
+            if entry is not None:
+                items.append(PlanItem(s, key, True, "cached"))
+            else:
+                reason = "--force" if self.force else self.state.reason(s, s.components(self.store))
+                items.append(PlanItem(s, key, False, reason))
+        self.store.stat_cache.save()
+        return items
+
+    def run(self) -> BuildResult:
+        """Run every step whose entry is missing; reuse verified entries for the rest."""
+        self.store.ensure_writable()
+        ran: list[str] = []
+        cached: list[str] = []
+        entries: dict[str, Entry] = {}
+        seconds: dict[str, float] = {}
+        n = len(self.steps)
+        w = max(len(s.name) for s in self.steps)
+        for i, s in enumerate(self.steps, 1):
+            key = s.key(self.store)
+            comps = s.components(self.store)
+            tag = f"[{i:>2}/{n}] {s.name:<{w}}"
+            entry = None if self.force else self.store.lookup(key)
+            if entry is not None:
+                cached.append(s.name)
+                entries[s.name] = entry
+                self.reporter.line(f"{tag}  cached   {key[:12]}")
+                self.state.record(s, comps)
+                continue
+            reason = "--force" if self.force else self.state.reason(s, comps)
+            self.reporter.line(f"{tag}  running  ({reason})")
+            t0 = time.perf_counter()
+            with self.store.lock(key):
+                # Another process may have built it while we waited for the lock.
+                entry = None if self.force else self.store.lookup(key)
+                if entry is None:
+                    with self.store.staging(key) as stage:
+                        ctx = StepContext(
+                            name=s.name,
+                            key=key,
+                            params=s.params,
+                            inputs={n_: entries[d.name].data for n_, d in s.deps.items()},
+                            files={n_: fs for n_, (_, fs) in s.files.items()},
+                            file_roots={n_: root for n_, (root, _) in s.files.items()},
+                            out=stage / "data",
+                            target=s.target,
+                            reporter=self.reporter,
+                        )
+                        meta = s.run(ctx) or {}
+                        dt = time.perf_counter() - t0
+                        entry = self.store.commit(key, stage, {
+                            "step": s.name, "components": comps, "meta": meta, "seconds": dt,
+                        })
+            dt = time.perf_counter() - t0
+            seconds[s.name] = dt
+            ran.append(s.name)
+            entries[s.name] = entry
+            self.state.record(s, comps)
+            self.state.save()
+            self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s")
+        self.state.save()
+        self.store.stat_cache.save()
+        return BuildResult(ran, cached, entries, seconds)

@@ -1,0 +1,127 @@
+"""Content digests for build keys: files (with a stat cache), source code, tool versions.
+
+Keys hash inputs, never outputs. Hashing a 2 GB checkpoint on every no-op build would make a
+cache hit slow, so file digests are remembered against (size, mtime, inode) and recomputed only
+when those change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+_CHUNK = 1 << 20
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(obj: Any) -> str:
+    """Stable JSON text for hashing (sorted keys, no whitespace variance)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def digest_obj(obj: Any) -> str:
+    """sha256 of the canonical JSON of ``obj``."""
+    return sha256_bytes(canonical_json(obj).encode())
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class StatCache:
+    """Remembers file digests keyed by (path, size, mtime_ns, inode) in one JSON file.
+
+    A stale or unreadable cache file only costs re-hashing; it is rewritten atomically.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._data: dict[str, list[Any]] = {}
+        self._dirty = False
+        if path and path.exists():
+            try:
+                self._data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                self._data = {}
+
+    def digest(self, file: Path) -> str:
+        """sha256 of ``file``, reusing the remembered one when its stats are unchanged."""
+        st = file.stat()
+        key = str(file.resolve())
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+        hit = self._data.get(key)
+        if hit and hit[:3] == stamp:
+            return hit[3]
+        digest = sha256_file(file)
+        self._data[key] = stamp + [digest]
+        self._dirty = True
+        return digest
+
+    def remember(self, file: Path, digest: str) -> None:
+        """Record a digest computed elsewhere (e.g. before the file was renamed into place)."""
+        st = file.stat()
+        self._data[str(file.resolve())] = [st.st_size, st.st_mtime_ns, st.st_ino, digest]
+        self._dirty = True
+
+    def save(self) -> None:
+        """Write the cache back if anything changed (atomic replace)."""
+        if not (self._dirty and self.path):
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(self._data))
+        os.replace(tmp, self.path)
+        self._dirty = False
+
+
+def digest_files(files: Iterable[Path], stat_cache: StatCache, root: Path | None = None) -> str:
+    """One digest over named files: relative name + content digest of each, sorted."""
+    entries = []
+    for f in files:
+        name = str(f.relative_to(root)) if root else f.name
+        entries.append((name, stat_cache.digest(f)))
+    return digest_obj(sorted(entries))
+
+
+@lru_cache(maxsize=None)
+def source_digest(sources: tuple[str, ...]) -> str:
+    """Digest of the implementation: package-relative .py files or folders (recursively).
+
+    Edited code must change keys; hashing the source text is cheap and needs no imports.
+    """
+    entries = []
+    for rel in sources:
+        p = PACKAGE_ROOT / rel
+        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+        for f in files:
+            entries.append((str(f.relative_to(PACKAGE_ROOT)), sha256_bytes(f.read_bytes())))
+    return digest_obj(entries)
+
+
+@lru_cache(maxsize=None)
+def tool_version(dist: str) -> str:
+    """Installed version of a distribution, without importing it ('absent' when not installed)."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def tool_versions(dists: Iterable[str]) -> dict[str, str]:
+    """Versions of several distributions (see :func:`tool_version`)."""
+    return {d: tool_version(d) for d in sorted(set(dists))}

@@ -1,0 +1,246 @@
+"""Text -> speech tokens -> mel -> 24 kHz wav, over Runners (PyTorch reference or built engines).
+
+All control flow (decoding loop, sampling, the 10-step CFM with classifier-free guidance, the
+iSTFT) lives here in numpy and is shared by the reference and every build, so a comparison
+measures the compiled graphs and nothing else. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backends.base import Runner
+from .dsp import istft
+from .stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
+
+
+@dataclass
+class Prompt:
+    """Zero-shot prompt features (or empty ones for prompt-free synthesis)."""
+
+    text_ids: np.ndarray  # int64 [Np]
+    speech_tokens: np.ndarray  # int64 [Ns]
+    mel: np.ndarray  # float32 [80, 2*Ns]
+    embedding: np.ndarray  # float32 [192] speaker x-vector
+
+    @staticmethod
+    def empty(mel_bins: int = 80, spk_dim: int = 192) -> "Prompt":
+        return Prompt(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((mel_bins, 0), np.float32),
+                      np.zeros(spk_dim, np.float32))
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How speech tokens are drawn; RAS = CosyVoice's repetition-aware nucleus sampling."""
+
+    mode: str = "greedy"
+    seed: int = 0
+    max_tokens: int | None = None
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+@dataclass
+class Synthesis:
+    tokens: np.ndarray
+    mel: np.ndarray
+    wav: np.ndarray
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+class LLMRuntime:
+    """The speech-token LM over a decode-step runner plus its embedding tables."""
+
+    def __init__(self, runner: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
+        self.runner = runner
+        self.text_embedding = assets["text_embedding"]
+        self.speech_embedding = assets["speech_embedding"]
+        self.llm_embedding = assets["llm_embedding"]
+        self.num_layers = int(info["num_layers"])
+        self.kv_heads = int(info["kv_heads"])
+        self.head_dim = int(info["head_dim"])
+        self.speech_token_size = int(info["speech_token_size"])
+        self.stop_ids = {self.speech_token_size, self.speech_token_size + 1, self.speech_token_size + 2}
+
+    def empty_cache(self) -> np.ndarray:
+        return np.zeros((self.num_layers, 2, 1, self.kv_heads, 0, self.head_dim), np.float32)
+
+    def prefix(self, text_ids: np.ndarray, prompt: Prompt) -> np.ndarray:
+        """[sos | text embeddings (prompt text + text) | task_id | prompt speech tokens] as [1, S, H]."""
+        ids = np.concatenate([prompt.text_ids, text_ids]).astype(np.int64)
+        parts = [self.llm_embedding[0:1], self.text_embedding[ids], self.llm_embedding[1:2],
+                 self.speech_embedding[prompt.speech_tokens.astype(np.int64)]]
+        return np.ascontiguousarray(np.concatenate(parts, axis=0)[None].astype(np.float32))
+
+    def step(self, embeds: np.ndarray, cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = self.runner.run({LLM_STEP.inputs[0]: embeds, LLM_STEP.inputs[1]: cache})
+        return out[LLM_STEP.outputs[0]], out[LLM_STEP.outputs[1]]
+
+    def generate(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> np.ndarray:
+        """Decode speech tokens one at a time, as CosyVoice2's Qwen2LM.inference does."""
+        rng = np.random.default_rng(sampling.seed)
+        min_len = 2 * len(text_ids)
+        max_len = 20 * len(text_ids)
+        if sampling.max_tokens is not None:
+            max_len = min(max_len, sampling.max_tokens)
+            min_len = min(min_len, max_len)
+        logits, cache = self.step(self.prefix(text_ids, prompt), self.empty_cache())
+        out: list[int] = []
+        for i in range(max_len):
+            logp = log_softmax(logits[0, -1])
+            tok = self._pick(logp, out, sampling, rng, ignore_eos=i < min_len)
+            if tok in self.stop_ids:
+                break
+            out.append(tok)
+            emb = self.speech_embedding[tok][None, None].astype(np.float32)
+            logits, cache = self.step(emb, cache)
+        return np.asarray(out, np.int64)
+
+    def teacher_forced_logits(self, text_ids: np.ndarray, prompt: Prompt, tokens: np.ndarray) -> np.ndarray:
+        """Logits predicting each of ``tokens`` and the end: [len(tokens)+1, V], in one prefill."""
+        embeds = np.concatenate([self.prefix(text_ids, prompt)[0], self.speech_embedding[tokens]], axis=0)
+        logits, _ = self.step(np.ascontiguousarray(embeds[None].astype(np.float32)), self.empty_cache())
+        start = embeds.shape[0] - len(tokens) - 1
+        return logits[0, start:]
+
+    def _pick(self, logp: np.ndarray, decoded: list[int], s: Sampling, rng: np.random.Generator,
+              ignore_eos: bool) -> int:
+        if s.mode == "greedy":
+            if ignore_eos:
+                logp = logp.copy()
+                logp[self.speech_token_size:] = -np.inf
+            return int(np.argmax(logp))
+        for _ in range(100):
+            tok = self._ras(logp, decoded, s, rng)
+            if not ignore_eos or tok < self.speech_token_size:
+                return tok
+        raise RuntimeError("sampling kept drawing a stop token before min_len")
+
+    @staticmethod
+    def _ras(logp: np.ndarray, decoded: list[int], s: Sampling, rng: np.random.Generator) -> int:
+        probs = np.exp(logp - logp.max())
+        probs /= probs.sum()
+        order = np.argsort(-probs, kind="stable")
+        cum = np.cumsum(probs[order])
+        # Nucleus over at most top_k tokens: keep adding while the mass before a token is < top_p.
+        keep = int(min(s.top_k, np.searchsorted(cum, s.top_p, side="left") + 1))
+        top = order[:keep]
+        p = probs[top] / probs[top].sum()
+        tok = int(top[rng.choice(keep, p=p)])
+        if decoded[-s.win_size:].count(tok) >= s.win_size * s.tau_r:
+            tok = int(rng.choice(len(probs), p=probs))
+        return tok
+
+
+class FlowRuntime:
+    """Tokens -> mel: encoder graph, then the Euler CFM solver calling the estimator graph."""
+
+    def __init__(self, encoder: Runner, estimator: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
+        self.encoder = encoder
+        self.estimator = estimator
+        self.rand_noise = assets["rand_noise"]
+        self.n_timesteps = int(info.get("n_timesteps", 10))
+        self.cfg_rate = float(info.get("cfg_rate", 0.7))
+
+    def encode(self, tokens: np.ndarray, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
+        token = np.concatenate([prompt.speech_tokens, tokens]).astype(np.int64)[None]
+        out = self.encoder.run({FLOW_ENCODER.inputs[0]: token,
+                                FLOW_ENCODER.inputs[1]: prompt.embedding[None].astype(np.float32)})
+        return out[FLOW_ENCODER.outputs[0]], out[FLOW_ENCODER.outputs[1]]
+
+    def estimator_call(self, x: np.ndarray, mask: np.ndarray, mu: np.ndarray, t: np.ndarray, spks: np.ndarray,
+                       cond: np.ndarray) -> np.ndarray:
+        feeds = dict(zip(FLOW_ESTIMATOR.inputs, (x, mask, mu, t, spks, cond)))
+        return self.estimator.run(feeds)[FLOW_ESTIMATOR.outputs[0]]
+
+    def solve(self, mu: np.ndarray, spks: np.ndarray, cond: np.ndarray) -> np.ndarray:
+        """10 Euler steps on a cosine schedule from the fixed noise, CFG batch 2 (row 1 unconditional)."""
+        T = mu.shape[2]
+        x = self.rand_noise[:, :, :T].astype(np.float32).copy()
+        mask = np.ones((1, 1, T), np.float32)
+        t_span = 1.0 - np.cos(np.linspace(0.0, 1.0, self.n_timesteps + 1, dtype=np.float32) * 0.5 * np.pi)
+        t_span = t_span.astype(np.float32)
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        zeros_mu = np.zeros_like(mu)
+        mask2 = np.concatenate([mask, mask])
+        mu2 = np.concatenate([mu, zeros_mu])
+        spks2 = np.concatenate([spks, np.zeros_like(spks)])
+        cond2 = np.concatenate([cond, np.zeros_like(cond)])
+        for step in range(1, len(t_span)):
+            v = self.estimator_call(np.concatenate([x, x]), mask2, mu2, np.full((2,), t, np.float32), spks2, cond2)
+            v = (1.0 + self.cfg_rate) * v[:1] - self.cfg_rate * v[1:]
+            x = (x + dt * v).astype(np.float32)
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        return x
+
+    def mel(self, tokens: np.ndarray, prompt: Prompt) -> np.ndarray:
+        """Mel [80, 2*len(tokens)] of the new tokens (prompt frames are conditioning only)."""
+        mu, spks = self.encode(tokens, prompt)
+        n_prompt = prompt.mel.shape[1]
+        cond = np.zeros_like(mu)
+        cond[0, :, :n_prompt] = prompt.mel
+        return self.solve(mu, spks, cond)[0, :, n_prompt:]
+
+
+class HiFTRuntime:
+    """Mel -> 24 kHz wav: the vocoder graph up to the iSTFT, then the iSTFT in numpy."""
+
+    def __init__(self, runner: Runner, info: dict[str, Any]) -> None:
+        self.runner = runner
+        self.upsample = int(info.get("samples_per_frame", 480))
+        self.harmonics = int(info.get("nb_harmonics", 8)) + 1
+        self.n_fft = int(info.get("istft_n_fft", 16))
+        self.hop = int(info.get("istft_hop", 4))
+        self.audio_limit = float(info.get("audio_limit", 0.99))
+
+    def source_noise(self, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """The NSF source's random initial phases and noise, drawn from ``seed`` (upstream uses torch.rand)."""
+        rng = np.random.default_rng(seed)
+        rand_ini = rng.random((1, self.harmonics), dtype=np.float32)
+        rand_ini[:, 0] = 0.0
+        noise = rng.standard_normal((1, frames * self.upsample, self.harmonics), dtype=np.float32)
+        return rand_ini, noise
+
+    def spectrum(self, mel: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        rand_ini, noise = self.source_noise(mel.shape[1], seed)
+        out = self.runner.run({HIFT.inputs[0]: mel[None].astype(np.float32), HIFT.inputs[1]: rand_ini,
+                               HIFT.inputs[2]: noise})
+        return out[HIFT.outputs[0]], out[HIFT.outputs[1]]
+
+    def wav(self, mel: np.ndarray, seed: int = 0) -> np.ndarray:
+        mag, phase = self.spectrum(mel, seed)
+        wav = istft(mag, phase, n_fft=self.n_fft, hop=self.hop)[0]
+        return np.clip(wav, -self.audio_limit, self.audio_limit).astype(np.float32)
+
+
+class Pipeline:
+    """The three stages in a row; timings per stage are recorded on every call."""
+
+    def __init__(self, llm: LLMRuntime, flow: FlowRuntime, hift: HiFTRuntime) -> None:
+        self.llm = llm
+        self.flow = flow
+        self.hift = hift
+
+    def synthesize(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling, seed: int = 0) -> Synthesis:
+        t0 = time.perf_counter()
+        tokens = self.llm.generate(text_ids, prompt, sampling)
+        t1 = time.perf_counter()
+        mel = self.flow.mel(tokens, prompt) if len(tokens) else np.zeros((80, 0), np.float32)
+        t2 = time.perf_counter()
+        wav = self.hift.wav(mel, seed) if mel.shape[1] else np.zeros(0, np.float32)
+        t3 = time.perf_counter()
+        return Synthesis(tokens, mel, wav, {"llm": t1 - t0, "flow": t2 - t1, "hift": t3 - t2, "total": t3 - t0})

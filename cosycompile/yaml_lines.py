@@ -1,0 +1,123 @@
+"""YAML loading that remembers where every key came from (file and line).
+
+Recipes are user input; an error has to point at the line to fix. PyYAML's composer gives
+us node marks, so we build plain Python data and a side table ``path -> (file, line)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import RecipeError
+
+KeyPath = tuple[str | int, ...]
+
+
+@dataclass
+class Located:
+    """Plain YAML data plus the source location of every mapping key and sequence item."""
+
+    data: Any
+    lines: dict[KeyPath, tuple[str, int]] = field(default_factory=dict)
+
+    def where(self, path: KeyPath) -> str:
+        """Best location for ``path``: the deepest prefix that has one, as ``file:line``."""
+        for n in range(len(path), -1, -1):
+            hit = self.lines.get(tuple(path[:n]))
+            if hit:
+                return f"{hit[0]}:{hit[1]}"
+        return "<recipe>"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """Safe loader that rejects duplicate keys (a silent override is a classic recipe bug)."""
+
+
+def _construct(node: yaml.Node, path: KeyPath, src: str, lines: dict[KeyPath, tuple[str, int]]) -> Any:
+    lines.setdefault(path, (src, node.start_mark.line + 1))
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise RecipeError(f"{src}:{key_node.start_mark.line + 1}: mapping keys must be plain strings")
+            key = key_node.value
+            if key in out:
+                raise RecipeError(f"{src}:{key_node.start_mark.line + 1}: duplicate key '{_dotted(path + (key,))}'")
+            lines[path + (key,)] = (src, key_node.start_mark.line + 1)
+            out[key] = _construct(value_node, path + (key,), src, lines)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(item, path + (i,), src, lines) for i, item in enumerate(node.value)]
+    if node.tag and node.tag.startswith("!"):
+        raise RecipeError(f"{src}:{node.start_mark.line + 1}: YAML tag '{node.tag}' is not allowed in recipes")
+    return _StrictLoader("").construct_object(node, deep=True)
+
+
+def _dotted(path: KeyPath) -> str:
+    return ".".join(str(p) for p in path) if path else "<top level>"
+
+
+def load_located(path: Path) -> Located:
+    """Parse one YAML file into :class:`Located`; any syntax problem is a one-line RecipeError."""
+    src = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RecipeError(f"{src}: recipe file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{src}: cannot read recipe ({exc.__class__.__name__}: {exc})") from None
+    try:
+        node = yaml.compose(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        raise RecipeError(f"{src}:{line}: malformed YAML: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{src}: malformed YAML: {exc}") from None
+    lines: dict[KeyPath, tuple[str, int]] = {}
+    if node is None:
+        return Located({}, {(): (src, 1)})
+    data = _construct(node, (), src, lines)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{src}:1: a recipe must be a mapping of keys, got {type(data).__name__}")
+    return Located(data, lines)
+
+
+def merge(base: Located, child: Located) -> Located:
+    """Deep-merge ``child`` over ``base`` (mappings merge, everything else replaces)."""
+    lines = dict(base.lines)
+
+    def walk(b: Any, c: Any, path: KeyPath) -> Any:
+        if isinstance(b, dict) and isinstance(c, dict):
+            out = dict(b)
+            for k, v in c.items():
+                out[k] = walk(b[k], v, path + (k,)) if k in b else v
+                if k not in b:
+                    _copy_lines(child.lines, lines, path + (k,))
+                elif not (isinstance(b[k], dict) and isinstance(v, dict)):
+                    _drop_lines(lines, path + (k,))
+                    _copy_lines(child.lines, lines, path + (k,))
+                else:
+                    lines[path + (k,)] = child.lines.get(path + (k,), lines.get(path + (k,), ("<recipe>", 0)))
+            return out
+        return c
+
+    data = walk(base.data, child.data, ())
+    return Located(data, lines)
+
+
+def _copy_lines(src: dict[KeyPath, tuple[str, int]], dst: dict[KeyPath, tuple[str, int]], prefix: KeyPath) -> None:
+    n = len(prefix)
+    for k, v in src.items():
+        if k[:n] == prefix:
+            dst[k] = v
+
+
+def _drop_lines(dst: dict[KeyPath, tuple[str, int]], prefix: KeyPath) -> None:
+    n = len(prefix)
+    for k in [k for k in dst if k[:n] == prefix]:
+        del dst[k]
