@@ -19,7 +19,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ValidationError
 
 from ..targets import Target
-from .options import OnnxRuntimeOptions
+from .options import OnnxRuntimeOptions, TensorRTOptions, TrtLLMOptions
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,15 @@ class BackendInfo:
     tools: tuple[str, ...]
     target_kinds: tuple[str, ...]
     extra_check: Callable[[Target], str | None] | None = field(default=None)
+    unavailable: str | None = None  # why this cosycompile cannot build with it yet
 
     def check_target(self, target: Target) -> str | None:
         """A reason the backend cannot build for ``target``, or None."""
         if target.kind not in self.target_kinds:
             return f"it builds for {'/'.join(self.target_kinds)} targets only"
-        return self.extra_check(target) if self.extra_check else None
+        if self.extra_check:
+            return self.extra_check(target)
+        return None
 
     def check_options(self, options: dict[str, Any]) -> tuple[str, str] | None:
         """(key, message) for the first bad engine option, or None."""
@@ -68,6 +71,22 @@ BACKENDS: dict[str, BackendInfo] = {
         options=OnnxRuntimeOptions,
         tools=("onnxruntime", "onnx"),
         target_kinds=("cpu",),
+    ),
+    "tensorrt": BackendInfo(
+        name="tensorrt",
+        module="cosycompile.backends.tensorrt",
+        options=TensorRTOptions,
+        tools=("tensorrt",),
+        target_kinds=("gpu",),
+        unavailable="the TensorRT backend is not part of this version of cosycompile yet",
+    ),
+    "trtllm": BackendInfo(
+        name="trtllm",
+        module="cosycompile.backends.trtllm",
+        options=TrtLLMOptions,
+        tools=("tensorrt-llm",),
+        target_kinds=("gpu",),
+        unavailable="the TensorRT-LLM backend is not part of this version of cosycompile yet",
     ),
 }
 

@@ -21,13 +21,13 @@ class StageDef:
 
 
 STAGES: dict[str, StageDef] = {
-    "llm": StageDef("llm", "cosycompile.stages.llm", ("onnxruntime",),
+    "llm": StageDef("llm", "cosycompile.stages.llm", ("onnxruntime", "trtllm"),
                     ("cosyvoice2.yaml", "llm.pt", "CosyVoice-BlankEN/config.json"),
                     "Qwen2 LM decode step with KV cache -> speech-token logits"),
-    "flow": StageDef("flow", "cosycompile.stages.flow", ("onnxruntime",),
+    "flow": StageDef("flow", "cosycompile.stages.flow", ("onnxruntime", "tensorrt"),
                      ("cosyvoice2.yaml", "flow.pt"),
                      "flow encoder + CFM estimator (1-D UNet, batch 2 for CFG)"),
-    "hift": StageDef("hift", "cosycompile.stages.hift", ("onnxruntime",),
+    "hift": StageDef("hift", "cosycompile.stages.hift", ("onnxruntime", "tensorrt"),
                      ("cosyvoice2.yaml", "hift.pt"),
                      "HiFT vocoder up to the iSTFT"),
 }

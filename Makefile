@@ -1,0 +1,37 @@
+# cosycompile developer entry points. `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench lint clean
+
+install: $(STAMP)
+
+# torch is pinned by constraints.txt: an unpinned resolve pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c constraints.txt -e '.[quant,eval,rtx,dev]'
+	# resemblyzer asks for webrtcvad, whose sdist breaks on import with current setuptools;
+	# webrtcvad-wheels provides the same module as a binary wheel.
+	$(PIP) install -q --no-deps --force-reinstall webrtcvad-wheels
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/cosycompile build recipes/cpu-fp32.yaml
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+bench: install
+	$(PY) bench/run_all.py
+
+lint: install
+	$(VENV)/bin/ruff check cosycompile tests bench
+
+clean:
+	rm -rf artifacts

@@ -1,0 +1,147 @@
+"""The end-to-end check: text -> wav on the engines vs the PyTorch FP32 reference, quality and speed.
+
+Speed is always a ratio measured in this same run, on the same inputs, with the same thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..graph import StepContext
+from ..pipeline import Pipeline, Sampling
+from ..stages.common import model_dir
+from .report import REPORT_SCHEMA, render_markdown
+
+SAMPLE_RATE = 24000
+AUDIO_ITEMS = 2
+
+
+def _timed(fn: Callable[[], Any], warmup: int, runs: int) -> tuple[float, float]:
+    """(median, p90) wall seconds of ``fn`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)), float(np.percentile(times, 90))
+
+
+def run(ctx: StepContext) -> dict[str, Any]:
+    from ..dataset import load_dataset
+    from ..engines import stage_runtime
+    from ..frontend import Frontend
+    from ..reference import load_reference, reference_runtime
+    from . import metrics as M
+
+    p = ctx.params
+    v = p["validation"]
+    threads = v["speed"]["threads"]
+    mdir = model_dir(ctx)
+    models = load_reference(mdir, ("llm", "flow", "hift"), threads)
+    ref = Pipeline(*(reference_runtime(s, models) for s in ("llm", "flow", "hift")))
+    built_stages = {s: stage_runtime(s, ctx.inputs[f"{s}.engine"], p["backends"][s], threads) for s in p["stages"]}
+    built = Pipeline(*(built_stages.get(s) or reference_runtime(s, models) for s in ("llm", "flow", "hift")))
+    frontend = Frontend(mdir)
+    sampling = Sampling(**v["sampling"])
+    items = load_dataset(ctx.file_roots["eval"]).head(v["max_items"])
+
+    rows = []
+    audio_dir = ctx.out / "audio"
+    audio_dir.mkdir()
+    first: dict[str, Any] = {}
+    for n, item in enumerate(ctx.progress(items, desc="eval items")):
+        text_ids, prompt = frontend.item_inputs(item)
+        r = ref.synthesize(text_ids, prompt, sampling, seed=n)
+        b = built.synthesize(text_ids, prompt, sampling, seed=n)
+        same = bool(np.array_equal(r.tokens, b.tokens))
+        row: dict[str, Any] = {
+            "id": item.id, "lang": item.lang, "tokens_ref": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
+            "tokens_identical": same,
+            "token_edit_distance": M.token_edit_distance(r.tokens.tolist(), b.tokens.tolist())[1],
+            "duration_ratio": M.duration_ratio(r.wav, b.wav) if len(r.wav) else 1.0,
+            "audio_seconds": len(r.wav) / SAMPLE_RATE,
+        }
+        if same and len(r.wav):
+            row["mel_snr_db"] = M.mel_snr_db(r.mel, b.mel)
+            row["waveform_snr_db"] = M.waveform_snr_db(r.wav, b.wav)
+        if len(r.wav) and len(b.wav):
+            row["log_mel_l1"] = M.log_mel_l1(r.wav, b.wav, SAMPLE_RATE)
+        rows.append(row)
+        if n < AUDIO_ITEMS:
+            _write_wav(audio_dir / f"{item.id}.reference.wav", r.wav)
+            _write_wav(audio_dir / f"{item.id}.built.wav", b.wav)
+        if n == 0:
+            first = {"text_ids": text_ids, "prompt": prompt, "tokens": r.tokens, "mel": r.mel}
+
+    speed = _speed(ref, built, first, sampling, v["speed"], ctx)
+    checks = {}
+    for s in p["stages"]:
+        checks[s] = json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text())
+    quality = _summarise(rows)
+    failures = []
+    if quality["tokens_identical"] < len(rows):
+        failures.append(f"end-to-end token sequences identical on {quality['tokens_identical']}/{len(rows)} items")
+    checks["pipeline"] = {"stage": "pipeline", "passed": not failures, "failures": failures, "metrics": quality}
+    report = {
+        "schema": REPORT_SCHEMA, "stages": {s: {"backend": p["backends"][s]} for s in p["stages"]},
+        "checks": checks, "speed": speed, "items": rows, "threads": threads,
+        "audio": sorted(f.name for f in audio_dir.iterdir()),
+    }
+    (ctx.out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
+    (ctx.out / "report.md").write_text(render_markdown(report))
+    return {"passed": all(c["passed"] for c in checks.values())}
+
+
+def _speed(ref: Pipeline, built: Pipeline, first: dict[str, Any], sampling: Sampling, spec: dict[str, Any],
+           ctx: StepContext) -> dict[str, Any]:
+    """Per-stage and end-to-end latency of reference and build on the first eval item."""
+    if not first or not len(first["tokens"]):
+        return {}
+    w, n = spec["warmup"], spec["runs"]
+    text_ids, prompt, tokens, mel = first["text_ids"], first["prompt"], first["tokens"], first["mel"]
+    audio_s = mel.shape[1] * 480 / SAMPLE_RATE
+    out: dict[str, Any] = {"audio_seconds": audio_s, "warmup": w, "runs": n}
+    cases = {
+        "llm": lambda p: p.llm.generate(text_ids, prompt, sampling),
+        "flow": lambda p: p.flow.mel(tokens, prompt),
+        "hift": lambda p: p.hift.wav(mel, 0),
+        "end_to_end": lambda p: p.synthesize(text_ids, prompt, sampling),
+    }
+    for name, fn in ctx.progress(list(cases.items()), desc="timing"):
+        r_med, r_p90 = _timed(lambda: fn(ref), w, n)
+        b_med, b_p90 = _timed(lambda: fn(built), w, n)
+        out[name] = {"reference_s": r_med, "reference_p90_s": r_p90, "built_s": b_med, "built_p90_s": b_p90,
+                     "speedup": r_med / b_med if b_med > 0 else float("inf")}
+    out["llm"]["per_token_built_ms"] = 1000 * out["llm"]["built_s"] / max(len(tokens), 1)
+    out["llm"]["per_token_reference_ms"] = 1000 * out["llm"]["reference_s"] / max(len(tokens), 1)
+    out["end_to_end"]["rtf_reference"] = out["end_to_end"]["reference_s"] / audio_s
+    out["end_to_end"]["rtf_built"] = out["end_to_end"]["built_s"] / audio_s
+    return out
+
+
+def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def mean(key: str) -> float | None:
+        vals = [r[key] for r in rows if key in r and np.isfinite(r[key])]
+        return float(np.mean(vals)) if vals else None
+
+    def minimum(key: str) -> float | None:
+        vals = [r[key] for r in rows if key in r]
+        return float(np.min(vals)) if vals else None
+
+    return {"items": len(rows), "tokens_identical": sum(r["tokens_identical"] for r in rows),
+            "token_edit_distance_mean": mean("token_edit_distance"), "mel_snr_db_min": minimum("mel_snr_db"),
+            "waveform_snr_db_min": minimum("waveform_snr_db"), "log_mel_l1_mean": mean("log_mel_l1"),
+            "duration_ratio_mean": mean("duration_ratio")}
+
+
+def _write_wav(path: Path, wav: np.ndarray) -> None:
+    import soundfile as sf
+
+    sf.write(str(path), wav.astype(np.float32), SAMPLE_RATE, subtype="PCM_16")

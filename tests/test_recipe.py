@@ -1,0 +1,115 @@
+"""Recipe loading: extends, defaults, and errors that name file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cosycompile.errors import RecipeError
+from cosycompile.recipe import load_recipe
+
+from helpers import REPO, write_recipe
+
+
+def test_repo_recipes_load() -> None:
+    r = load_recipe(REPO / "recipes" / "cpu-fp32.yaml")
+    assert r.name == "cpu-fp32"
+    assert r.model == "builtin:tiny"
+    assert r.enabled_stages() == ["llm", "flow", "hift"]
+    assert r.stages.flow.export.opset == 18
+    assert r.resolve_path(r.validation.eval_set).resolve() == (REPO / "calib_data" / "eval").resolve()
+
+
+def test_extends_merges_deeply(tmp_path: Path) -> None:
+    p = write_recipe(tmp_path / "r.yaml", {"name": "x", "stages": {"flow": {"export": {"simplify": "none"}}}})
+    r = load_recipe(p)
+    assert r.stages.flow.export.simplify == "none"
+    assert r.stages.flow.export.opset == 18  # kept from base
+    assert r.stages.llm.export.simplify == "onnxslim"
+
+
+def _err(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(p)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+BASE = f"extends: {REPO / 'recipes' / 'base.yaml'}\nname: bad\n"
+
+
+def test_unknown_key_names_line_and_key(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    engine:\n      backnd: onnxruntime\n")
+    assert "bad.yaml:6" in msg and "stages.llm.engine.backnd" in msg
+
+
+def test_wrong_type(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  flow:\n    export:\n      opset: eighteen\n")
+    assert "bad.yaml:6" in msg and "stages.flow.export.opset" in msg and "eighteen" in msg
+
+
+def test_unknown_stage(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  vocoder: {}\n")
+    assert "bad.yaml:4" in msg and "stages.vocoder" in msg and "llm, flow, hift" in msg
+
+
+def test_malformed_yaml(tmp_path: Path) -> None:
+    msg = _err(tmp_path, "name: x\nstages: [unclosed\n")
+    assert "malformed YAML" in msg and "bad.yaml:" in msg
+
+
+def test_duplicate_key(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "name: again\n")
+    assert "duplicate key 'name'" in msg and "bad.yaml:3" in msg
+
+
+def test_backend_stage_does_not_support(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    engine: {backend: tensorrt}\n")
+    assert "stage 'llm' cannot use backend 'tensorrt'" in msg and "bad.yaml:5" in msg
+
+
+def test_backend_cannot_build_for_target(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "target: h100\n")
+    assert "onnxruntime" in msg and "h100" in msg
+
+
+def test_unknown_target(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "target: tpu\n")
+    assert "unknown target 'tpu'" in msg and "bad.yaml:3" in msg
+
+
+def test_unknown_engine_option(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  hift:\n    engine: {options: {turbo: true}}\n")
+    assert "turbo" in msg and "optimization" in msg
+
+
+def test_missing_extends_file(tmp_path: Path) -> None:
+    msg = _err(tmp_path, "extends: nowhere.yaml\nname: x\n")
+    assert "nowhere.yaml" in msg and "bad.yaml:1" in msg
+
+
+def test_extends_cycle(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\nname: a\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nname: b\n")
+    with pytest.raises(RecipeError, match="cycle"):
+        load_recipe(tmp_path / "a.yaml")
+
+
+def test_all_stages_disabled(tmp_path: Path) -> None:
+    body = BASE + "stages:\n" + "".join(f"  {s}: {{enabled: false}}\n" for s in ("llm", "flow", "hift"))
+    assert "nothing to build" in _err(tmp_path, body)
+
+
+def test_yaml_tags_rejected(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "description: !!python/object/apply:os.system ['true']\n")
+    assert "tag" in msg
+
+
+def test_planned_backend_is_refused_plainly(tmp_path: Path) -> None:
+    body = "target: l20\nstages:\n  llm: {enabled: false}\n  hift: {enabled: false}\n"
+    msg = _err(tmp_path, BASE + body + "  flow:\n    engine: {backend: tensorrt}\n")
+    assert "not part of this version" in msg
