@@ -106,6 +106,7 @@ def plan_build(recipe: Recipe) -> BuildPlan:
     threads = recipe.validation.speed.threads
     sampling = recipe.validation.sampling.model_dump()
 
+    calibrate = _calibrate_step(recipe, model)
     stage_steps: dict[str, dict[str, Step]] = {}
     for name in recipe.enabled_stages():
         sdef = STAGES[name]
@@ -124,27 +125,32 @@ def plan_build(recipe: Recipe) -> BuildPlan:
             sources=("steps_common.py", "onnx_tools.py", "graphs_dir.py"),
             tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
         )
+        steps = {"export": export, "simplify": simplify}
         info = get_backend_info(spec.engine.backend)
         assert info is not None  # recipe validation guarantees it
-        engine = Step(
-            name=f"{name}.engine", kind=f"engine.{info.name}", run=_lazy("cosycompile.steps_common", "build_engine"),
-            params={"backend": info.name, "options": info.resolved_options(spec.engine.options),
-                    "precision": spec.quantize.format},
-            deps={"graphs": simplify}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
-            tools=info.tools, target=target.name, describe=f"build the {name} engine with {info.name}",
-        )
+        fmt = spec.quantize.format
+        graphs = simplify
+        if fmt != "fp32":
+            graphs = steps["quantize"] = _quantize_step(recipe, name, simplify, calibrate, model)
+        engine = _engine_step(name, info, spec.engine.options, fmt, graphs, target.name)
+        steps["engine"] = engine
         check = Step(
             name=f"{name}.check", kind=f"{name}.check", run=_lazy(mod, "check"),
             params={"check": spec.check.model_dump(), "threads": threads, "sampling": sampling,
-                    "max_items": recipe.validation.max_items, "backend": info.name},
+                    "max_items": recipe.validation.max_items, "backend": info.name, "precision": fmt},
             deps={"engine": engine}, sources=("models", src, "pipeline.py", "reference.py", "dsp.py",
-                                              "validate/metrics.py", "frontend.py", "dataset.py"),
+                                              "validate/metrics.py", "frontend.py", "dataset.py", "stages/common.py"),
             tools=TORCH_TOOLS + info.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",
         )
+        if fmt != "fp32":
+            # Speed of a quantized engine is reported against the FP32 engine of the same backend.
+            steps["engine_fp32"] = check.deps["fp32_engine"] = _engine_step(
+                name, info, spec.engine.options, "fp32", simplify, target.name, suffix=".fp32")
         model.attach(check, sdef.model_files + FRONTEND_FILES)
         check.files["eval"] = (eval_set.root, eval_files)
-        stage_steps[name] = {"export": export, "simplify": simplify, "engine": engine, "check": check}
+        steps["check"] = check
+        stage_steps[name] = steps
 
     final = Step(
         name="pipeline.check", kind="pipeline.check", run=_lazy("cosycompile.validate.pipeline_check", "run"),
@@ -163,6 +169,65 @@ def plan_build(recipe: Recipe) -> BuildPlan:
     final.files["eval"] = (eval_set.root, eval_files)
     steps = [final]
     return BuildPlan(recipe, steps, final, stage_steps)
+
+
+def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graphs: Step, target: str,
+                 suffix: str = "") -> Step:
+    return Step(
+        name=f"{stage}.engine{suffix}", kind=f"engine.{info.name}",
+        run=_lazy("cosycompile.steps_common", "build_engine"),
+        params={"backend": info.name, "options": info.resolved_options(options), "precision": fmt},
+        deps={"graphs": graphs}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
+        tools=info.tools, target=target, describe=f"build the {stage} {fmt} engine with {info.name}",
+    )
+
+
+def _calibrate_step(recipe: Recipe, model: ModelInput) -> Step | None:
+    """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
+    from .quantize import needs_calibration
+
+    stages = [s for s in recipe.enabled_stages() if needs_calibration(recipe.stage(s).quantize.format)]
+    if not stages:
+        return None
+    cal = recipe.calibration
+    calib_set = load_dataset(recipe.resolve_path(cal.set), what="calibration set")
+    items = calib_set.head(cal.max_items)
+    files = sorted({calib_set.root / "manifest.jsonl", *[i.prompt_wav for i in items if i.prompt_wav]})
+    step = Step(
+        name="calibrate", kind="calibrate", run=_lazy("cosycompile.quantize.calibrate", "run"),
+        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages},
+        sources=("quantize/calibrate.py", "pipeline.py", "reference.py", "frontend.py", "dsp.py", "dataset.py",
+                 "models", "stages"),
+        tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
+    )
+    model.attach(step, tuple(sorted({f for s in stages for f in STAGES[s].model_files})) + FRONTEND_FILES)
+    step.files["calib"] = (calib_set.root, files)
+    return step
+
+
+def _quantize_step(recipe: Recipe, stage: str, simplify: Step, calibrate: Step | None, model: ModelInput) -> Step:
+    from .quantize import DEFAULT_METHOD, needs_calibration
+
+    spec = recipe.stage(stage)
+    q = spec.quantize
+    target = TARGETS[recipe.target]
+    hp = q.high_precision_dtype if q.high_precision_dtype != "auto" else ("fp32" if target.kind == "cpu" else "fp16")
+    params = q.model_dump()
+    params.update(method=q.method or DEFAULT_METHOD[q.format], high_precision_dtype=hp, stage=stage,
+                  opset=spec.export.opset)
+    impl = "cosycompile.quantize.llm_ptq" if stage == "llm" else "cosycompile.quantize.onnx_ptq"
+    step = Step(
+        name=f"{stage}.quantize", kind=f"{stage}.quantize", run=_lazy(impl, "quantize"), params=params,
+        deps={"graphs": simplify}, sources=("quantize", "onnx_tools.py", "graphs_dir.py", "models", f"stages/{stage}.py"),
+        tools=("nvidia-modelopt", "onnx", "onnxruntime", "torch", "transformers"), target=target.name,
+        describe=f"quantize {stage} to {q.format} ({params['method']})",
+    )
+    if needs_calibration(q.format):
+        assert calibrate is not None
+        step.deps["calib"] = calibrate
+    if stage == "llm":
+        model.attach(step, STAGES[stage].model_files)
+    return step
 
 
 def executor(plan: BuildPlan, store: Store, reporter: Reporter, force: bool = False) -> Executor:

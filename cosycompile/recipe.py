@@ -30,10 +30,28 @@ class ExportSpec(_Strict):
     simplify: Literal["onnxslim", "onnxsim", "none"] = "onnxslim"
 
 
-class QuantizeSpec(_Strict):
-    """Numeric format of the stage's weights/activations."""
+QuantFormat = Literal["fp32", "int8", "int8_sq", "int8_wo", "int4", "int4_awq", "w4a8_awq", "fp8"]
 
-    format: Literal["fp32"] = "fp32"
+
+class QuantizeSpec(_Strict):
+    """Numeric format of the stage's weights/activations and how to calibrate it.
+
+    LLM formats go through ModelOpt's PyTorch PTQ (int8_sq, int8_wo, int4_awq, w4a8_awq, fp8);
+    flow and HiFT formats through ModelOpt's ONNX PTQ (int8, fp8, int4).
+    """
+
+    format: QuantFormat = "fp32"
+    method: Literal["max", "entropy", "awq_clip", "awq_lite", "awq_full", "rtn_dq"] | None = Field(
+        None, description="calibration method (default: per format)")
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (int8_sq)")
+    block_size: int = Field(128, ge=16, description="INT4 block (group) size")
+    exclude: list[str] = Field(default_factory=list,
+                               description="layers kept in high precision: module wildcards (llm) or node-name regexes")
+    high_precision_dtype: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="dtype of the non-quantized parts; auto = fp32 on CPUs, fp16 on GPUs")
+    calib_items: int = Field(16, ge=1, description="calibration items used from the calibration set")
+    exports: list[Literal["onnx", "hf", "trtllm"]] = Field(
+        default_factory=lambda: ["onnx"], description="LLM only: checkpoint formats written besides the ONNX step")
 
 
 class EngineSpec(_Strict):
@@ -103,6 +121,15 @@ class SpeedSpec(_Strict):
     threads: int = Field(2, ge=1, description="intra-op threads for both reference and engines")
 
 
+class CalibrationSpec(_Strict):
+    """Where calibration data comes from: the FP32 reference run over a calibration set."""
+
+    set: str = Field("../calib_data/calib", description="folder with manifest.jsonl, relative to the recipe file")
+    max_items: int = Field(16, ge=1)
+    sampling: SamplingSpec = SamplingSpec()
+    max_estimator_calls: int = Field(64, ge=1, description="CFM estimator inputs kept (spread over steps/items)")
+
+
 class ValidationSpec(_Strict):
     eval_set: str = Field(description="folder with manifest.jsonl, relative to the recipe file")
     max_items: int = Field(4, ge=1)
@@ -118,6 +145,7 @@ class Recipe(_Strict):
     model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a CosyVoice2 model dir")
     target: str = "cpu"
     stages: Stages = Stages()
+    calibration: CalibrationSpec = CalibrationSpec()
     validation: ValidationSpec
 
     source: str = ""
@@ -202,6 +230,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
     """Cross-field rules that a per-field schema cannot express."""
     # Imported here: the registries are light, but they import this module's types.
     from .backends import get_backend_info
+    from .quantize import format_problem
     from .stages import get_stage
 
     if recipe.target not in TARGETS:
@@ -237,3 +266,11 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         if problem:
             key, msg = problem
             raise RecipeError(f"{located.where(('stages', name, 'engine', 'options', key))}: {msg}")
+        qproblem = format_problem(name, spec.quantize, TARGETS[recipe.target], info.name, spec.engine.options,
+                                  spec.export.opset)
+        if qproblem:
+            key, msg = qproblem
+            raise RecipeError(f"{located.where(('stages', name, 'quantize', key))}: {msg}")
+        if name != "llm" and spec.quantize.exports != ["onnx"]:
+            raise RecipeError(f"{located.where(('stages', name, 'quantize', 'exports'))}: "
+                              f"checkpoint exports (hf, trtllm) exist for the llm stage only")

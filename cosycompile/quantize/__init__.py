@@ -1,0 +1,63 @@
+"""Quantization formats per stage and the rules that say where each can run.
+
+Light on purpose: recipe validation calls :func:`format_problem` without importing ModelOpt.
+The step bodies live in ``calibrate.py`` (recording the FP32 reference), ``llm_ptq.py`` (ModelOpt
+PyTorch PTQ of the LM) and ``onnx_ptq.py`` (ModelOpt ONNX PTQ of the flow estimator and HiFT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..targets import Target
+
+STAGE_FORMATS: dict[str, tuple[str, ...]] = {
+    "llm": ("fp32", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"),
+    "flow": ("fp32", "int8", "fp8", "int4"),
+    "hift": ("fp32", "int8", "fp8", "int4"),
+}
+
+METHODS: dict[str, tuple[str, ...]] = {
+    "int8": ("max", "entropy"),
+    "fp8": ("max", "entropy"),
+    "int4": ("awq_clip", "awq_lite", "rtn_dq"),
+    "int8_sq": ("max",),
+    "int8_wo": ("max",),
+    "int4_awq": ("awq_lite", "awq_full", "awq_clip"),
+    "w4a8_awq": ("awq_lite", "awq_full", "awq_clip"),
+}
+
+DEFAULT_METHOD = {"int8": "max", "fp8": "max", "int4": "awq_clip", "int8_sq": "max", "int8_wo": "max",
+                  "int4_awq": "awq_lite", "w4a8_awq": "awq_lite"}
+
+# Formats whose compute needs FP8 tensor cores (Ada / Hopper and newer).
+_NEEDS_SM89 = ("fp8", "w4a8_awq")
+
+
+def needs_calibration(fmt: str) -> bool:
+    """Weight-only formats are calibrated from weights alone; the rest read recorded activations."""
+    return fmt not in ("fp32", "int8_wo")
+
+
+def format_problem(stage: str, quant: Any, target: Target, backend: str, engine_options: dict[str, Any],
+                   opset: int) -> tuple[str, str] | None:
+    """(key, reason) when ``quant`` cannot be built for this stage/target/backend, else None."""
+    fmt = quant.format
+    if fmt not in STAGE_FORMATS[stage]:
+        return "format", (f"stage '{stage}' cannot use format '{fmt}' "
+                          f"(supported: {', '.join(STAGE_FORMATS[stage])})")
+    if fmt == "fp32":
+        return None
+    if quant.method is not None and quant.method not in METHODS[fmt]:
+        return "method", f"format '{fmt}' cannot use method '{quant.method}' (supported: {', '.join(METHODS[fmt])})"
+    if target.kind == "gpu" and fmt in _NEEDS_SM89 and target.sm is not None and target.sm < (8, 9):
+        return "format", (f"format '{fmt}' needs FP8 tensor cores (compute capability >= 8.9); "
+                          f"target '{target.name}' is {target.sm_tag}")
+    if target.kind == "cpu":
+        if fmt == "w4a8_awq":
+            return "format", "format 'w4a8_awq' has no CPU kernels (FP8 activations); use int4_awq or int8_sq on cpu"
+        if fmt == "fp8" and backend == "onnxruntime":
+            if engine_options.get("optimization", "extended") != "disable" or opset < 21:
+                return "format", ("FP8 Q/DQ graphs run on ONNX Runtime CPU only with stages.<stage>.export.opset: 21 "
+                                  "and engine option optimization: disable (reference kernels, slow)")
+    return None

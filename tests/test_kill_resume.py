@@ -1,0 +1,62 @@
+"""A build killed with SIGKILL in the middle of a step, then re-run, completes and trusts nothing
+from the killed run that it has not verified."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import EVAL_SET, REPO, write_recipe
+
+
+def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
+    art = tmp_path / "art"
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "killme",
+        "validation": {"eval_set": str(EVAL_SET), "max_items": 1},
+    })
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    victim = "flow.export"
+    deadline = time.time() + 300
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if victim in line and "running" in line:
+            break
+        assert time.time() < deadline
+    # Kill once the step has its staging dir, i.e. while it is writing.
+    while not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]:
+        time.sleep(0.01)
+        assert time.time() < deadline
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    staged = [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]
+    assert staged, "the kill should land mid-step, leaving a staging dir"
+    done_before = {json.loads(e.read_text())["step"] for e in (art / "cache" / "objects").glob("*/*/entry.json")}
+    assert victim not in done_before
+
+    # A finished entry from the killed run that was damaged afterwards must not be reused.
+    damaged = next(e.parent for e in (art / "cache" / "objects").glob("*/*/entry.json")
+                   if json.loads(e.read_text())["step"] == "llm.export")
+    onnx = damaged / "data" / "llm_step.onnx"
+    onnx.write_bytes(onnx.read_bytes()[:100])
+
+    res = subprocess.run([sys.executable, "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art), "-q"],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ran = res.stdout.split("; ran: ", 1)[1].splitlines()[0].split(", ")
+    assert victim in ran and "llm.export" in ran
+    assert not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]
+    count, bad = _verify(art)
+    assert count > 0 and bad == []
+
+
+def _verify(art: Path) -> tuple[int, list[str]]:
+    from cosycompile.cache import Store
+
+    return Store(art).verify_all(full=True)
