@@ -154,7 +154,7 @@ def plan_build(recipe: Recipe) -> BuildPlan:
 
     final = Step(
         name="pipeline.check", kind="pipeline.check", run=_lazy("cosycompile.validate.pipeline_check", "run"),
-        params={"validation": recipe.validation.model_dump(exclude={"eval_set"}),
+        params={"validation": recipe.validation.model_dump(exclude={"eval_set", "gate"}),
                 "stages": recipe.enabled_stages(),
                 "backends": {s: recipe.stage(s).engine.backend for s in recipe.enabled_stages()}},
         deps={**{f"{s}.engine": st["engine"] for s, st in stage_steps.items()},
@@ -275,6 +275,9 @@ def assemble_bundle(plan: BuildPlan, store: Store, result: BuildResult) -> Path:
         }
         (tmp / "recipe.json").write_text(plan.recipe.model_dump_json(indent=1, exclude={"source", "base_dir"}))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        from .validate.report import render_bundle
+
+        render_bundle(tmp)
         os.replace(tmp, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

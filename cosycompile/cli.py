@@ -61,6 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="output folder (must not exist or be empty)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
 
+    p = sub.add_parser("gate", help="pass/fail a bundle on quality and speed (exit 0 pass, 1 regression, 2 bad input)",
+                       description="Apply the bundle recipe's validation.gate thresholds, and optionally compare "
+                                   "against a baseline report: quality may drop by at most --max-quality-drop "
+                                   "(relative), speed-ups may shrink by at most --max-slowdown (relative).")
+    p.add_argument("bundle", type=Path, nargs="?", help="bundle dir or report.json")
+    p.add_argument("--baseline", type=Path, help="baseline bundle dir or report.json")
+    p.add_argument("--max-quality-drop", type=float, default=None, help="relative, e.g. 0.05 = 5%% (default: recipe's)")
+    p.add_argument("--max-slowdown", type=float, default=None, help="relative, e.g. 0.25 = 25%% (default: recipe's)")
+    p.add_argument("--list-metrics", action="store_true", help="list the metric names a gate can use")
+
+    p = sub.add_parser("report", help="re-render a bundle's report.md (and plot) from its report.json")
+    p.add_argument("bundle", type=Path, help="bundle dir")
+
+    p = sub.add_parser("compare", help="print two builds' metrics side by side")
+    p.add_argument("a", type=Path, help="bundle dir or report.json")
+    p.add_argument("b", type=Path, help="bundle dir or report.json")
+
     p = sub.add_parser("cache", help="inspect or check the local cache")
     csub = p.add_subparsers(dest="cache_command", metavar="ACTION")
     v = csub.add_parser("verify", help="check every entry against its digests; remove bad ones")
@@ -95,6 +112,12 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _init_model(args)
     if args.command == "cache":
         return _cache(args, parser)
+    if args.command == "gate":
+        return _gate(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "compare":
+        return _compare(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -131,20 +154,77 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
     print(f"built {recipe.name} in {dt:.1f}s; ran: {ran}")
     print(f"bundle: {bundle}")
-    return _checks_exit_status(bundle)
+    g = recipe.validation.gate
+    baseline = recipe.resolve_path(g.baseline) if g.baseline else None
+    return _apply_gate(bundle, baseline, g.min, g.max, g.max_quality_drop, g.max_slowdown)
 
 
-def _checks_exit_status(bundle: Path) -> int:
+def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dict, max_drop: float,
+                max_slowdown: float) -> int:
+    from .validate.gate import check_baseline, check_thresholds, findings_table, load_report
+
+    report = load_report(bundle)
+    findings = check_thresholds(report, minimum, maximum)
+    if baseline is not None:
+        findings += check_baseline(report, load_report(baseline), max_drop, max_slowdown)
+    if findings:
+        print(f"gate: FAIL ({len(findings)} finding{'s' if len(findings) > 1 else ''})")
+        print(findings_table(findings))
+        return 1
+    print("gate: PASS" + (f" (baseline {baseline})" if baseline else ""))
+    return 0
+
+
+def _gate(args: argparse.Namespace) -> int:
     import json
 
-    report = bundle / "report.json"
-    if not report.is_file():
+    from .validate.gate import METRICS
+
+    if args.list_metrics:
+        for name, (_, higher, kind) in METRICS.items():
+            print(f"{name:<34} {kind:<8} {'higher' if higher else 'lower'} is better")
         return 0
-    body = json.loads(report.read_text())
-    failed = [name for name, s in body.get("checks", {}).items() if not s.get("passed", True)]
-    if failed:
-        print(f"cosycompile: checks failed: {', '.join(failed)} (see {bundle / 'report.md'})", file=sys.stderr)
-        return 1
+    if args.bundle is None:
+        raise UserError("gate: give a bundle dir or report.json (or --list-metrics)")
+    bundle: Path = args.bundle
+    recipe_file = (bundle if bundle.is_dir() else bundle.parent) / "recipe.json"
+    gate: dict = {}
+    if recipe_file.is_file():
+        gate = json.loads(recipe_file.read_text()).get("validation", {}).get("gate", {})
+    max_drop = args.max_quality_drop if args.max_quality_drop is not None else gate.get("max_quality_drop", 0.05)
+    max_slow = args.max_slowdown if args.max_slowdown is not None else gate.get("max_slowdown", 0.25)
+    if max_drop < 0 or max_slow < 0:
+        raise UserError("gate: --max-quality-drop and --max-slowdown must be >= 0")
+    return _apply_gate(bundle, args.baseline, gate.get("min", {}), gate.get("max", {}), max_drop, max_slow)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .validate.gate import load_report
+    from .validate.report import render_bundle
+
+    load_report(args.bundle)
+    out = render_bundle(args.bundle)
+    print((args.bundle / "report.md").read_text())
+    print(f"rendered: {', '.join(str(p) for p in out)}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .validate.gate import METRICS, load_report, metric_values
+
+    a, b = metric_values(load_report(args.a)), metric_values(load_report(args.b))
+    rows = [("metric", str(args.a.name), str(args.b.name), "better")]
+    for name in METRICS:
+        if name in a or name in b:
+            va, vb = a.get(name), b.get(name)
+            better = "-"
+            if va is not None and vb is not None and va != vb:
+                higher = METRICS[name][1]
+                better = "A" if (va > vb) == higher else "B"
+            rows.append((name, "-" if va is None else f"{va:.4g}", "-" if vb is None else f"{vb:.4g}", better))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     return 0
 
 

@@ -130,11 +130,26 @@ class CalibrationSpec(_Strict):
     max_estimator_calls: int = Field(64, ge=1, description="CFM estimator inputs kept (spread over steps/items)")
 
 
+class GateSpec(_Strict):
+    """What a build must reach to pass: fixed limits on named metrics, and/or no regression vs a baseline.
+
+    Metric names are listed by ``cosycompile gate --list-metrics``; speed metrics are speed-ups
+    against the reference measured in the same run.
+    """
+
+    min: dict[str, float] = Field(default_factory=dict)
+    max: dict[str, float] = Field(default_factory=dict)
+    baseline: str | None = Field(None, description="baseline report.json or bundle, relative to the recipe file")
+    max_quality_drop: float = Field(0.05, ge=0, description="allowed relative quality drop vs the baseline")
+    max_slowdown: float = Field(0.25, ge=0, description="allowed relative loss of speed-up vs the baseline")
+
+
 class ValidationSpec(_Strict):
     eval_set: str = Field(description="folder with manifest.jsonl, relative to the recipe file")
     max_items: int = Field(4, ge=1)
     sampling: SamplingSpec = SamplingSpec()
     speed: SpeedSpec = SpeedSpec()
+    gate: GateSpec = GateSpec()
 
 
 class Recipe(_Strict):
@@ -237,6 +252,13 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         raise RecipeError(
             f"{located.where(('target',))}: unknown target '{recipe.target}' (known: {', '.join(sorted(TARGETS))})"
         )
+    from .validate.gate import METRICS
+
+    for kind in ("min", "max"):
+        for metric in getattr(recipe.validation.gate, kind):
+            if metric not in METRICS:
+                raise RecipeError(f"{located.where(('validation', 'gate', kind, metric))}: unknown gate metric "
+                                  f"'{metric}' (see cosycompile gate --list-metrics)")
     if not recipe.enabled_stages():
         raise RecipeError(f"{located.where(('stages',))}: every stage is disabled; nothing to build")
     for name in STAGE_NAMES:

@@ -80,3 +80,67 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     if report.get("audio"):
         lines += ["Audio (reference and built, side by side): " + ", ".join(f"audio/{a}" for a in report["audio"]), ""]
     return "\n".join(lines)
+
+
+# (panel title, metric name in gate.METRICS, quality label, value of a perfect match, speed metric)
+_PANELS = (
+    ("LLM", "llm.top1_agreement", "teacher-forced top-1 agreement", 1.0, "speed.llm"),
+    ("flow", "flow.mel_snr_db", "mel SNR after 10 CFM steps (dB)", None, "speed.flow"),
+    ("HiFT", "hift.waveform_snr_db", "waveform SNR (dB)", None, "speed.hift"),
+    ("end to end", "pipeline.log_mel_l1", "log-mel L1 (lower is better)", 0.0, "speed.end_to_end"),
+)
+_SNR_CAP = 100.0
+
+
+def plot_quality_speed(report: dict[str, Any], path: Any, label: str = "this build",
+                       baselines: dict[str, dict[str, Any]] | None = None) -> None:
+    """quality_speed.png: per stage, quality vs speed-up for this build, its reference and baselines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .gate import metric_values
+
+    series = {label: metric_values(report)}
+    for name, rep in (baselines or {}).items():
+        series[name] = metric_values(rep)
+    fig, axes = plt.subplots(1, len(_PANELS), figsize=(4.2 * len(_PANELS), 3.8))
+    for ax, (title, q, qlabel, perfect, sp) in zip(axes, _PANELS):
+        ref_q = perfect if perfect is not None else _SNR_CAP
+        ax.scatter([1.0], [ref_q], marker="*", s=160, color="black", label="FP32 reference", zorder=3)
+        for i, (name, vals) in enumerate(series.items()):
+            if q in vals and sp in vals:
+                y = min(vals[q], _SNR_CAP) if perfect is None else vals[q]
+                ax.scatter([vals[sp]], [y], s=60, marker="o" if i == 0 else "s", label=name, zorder=2)
+        ax.set_title(title)
+        ax.set_xlabel("speed-up vs reference (x, same run)")
+        ax.set_ylabel(qlabel + (" (capped at 100)" if perfect is None else ""))
+        ax.grid(alpha=0.3)
+    axes[0].legend(loc="lower left", fontsize=8)
+    fig.suptitle("quality vs speed against the PyTorch FP32 reference")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def render_bundle(bundle: Any, baselines: dict[str, dict[str, Any]] | None = None) -> list[Any]:
+    """Re-render report.md and quality_speed.png of a bundle from its report.json."""
+    import json
+    from pathlib import Path
+
+    bundle = Path(bundle)
+    report = json.loads((bundle / "report.json").read_text())
+    title = ""
+    manifest = bundle / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        title = f"{m.get('recipe')} ({m.get('model')}, target {m.get('target')})"
+    # Bundle files may be hard links into the cache: write new files and rename over, never in place.
+    md = bundle / ".report.md.tmp"
+    md.write_text(render_markdown(report, title))
+    md.replace(bundle / "report.md")
+    png = bundle / ".quality_speed.png.tmp.png"
+    plot_quality_speed(report, png, baselines=baselines)
+    png.replace(bundle / "quality_speed.png")
+    return [bundle / "report.md", bundle / "quality_speed.png"]

@@ -1,0 +1,127 @@
+"""ModelOpt ONNX PTQ for the flow estimator and HiFT (int8 max/entropy, fp8, int4), calibrated on
+the inputs recorded from the FP32 reference.
+
+Only the graphs that carry the compute are quantized: the flow estimator (called 10x per
+utterance, batch 2) and the HiFT network. The flow encoder runs once per utterance and stays FP32.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import RecipeError
+from ..graph import StepContext
+from ..graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+from .calibrate import load_records
+
+QUANTIZED_GRAPHS = {"flow": ("flow_estimator",), "hift": ("hift",)}
+
+
+class _RecordsReader:
+    """An ONNX Runtime CalibrationDataReader over recorded feeds (shapes may differ per record)."""
+
+    def __init__(self, records: list[dict[str, np.ndarray]]) -> None:
+        self.records = records
+        self._it = iter(records)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def get_first(self) -> dict[str, np.ndarray]:
+        return self.records[0]
+
+    def rewind(self) -> None:
+        self._it = iter(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def set_range(self, start_index: int, end_index: int) -> None:
+        self._it = iter(self.records[start_index:end_index])
+
+
+def _reader_class() -> type:
+    # Subclass ORT's reader lazily so importing this module stays cheap.
+    from onnxruntime.quantization import CalibrationDataReader
+
+    return type("RecordsReader", (_RecordsReader, CalibrationDataReader), {})
+
+
+def check_exclusions(onnx_path: Path, patterns: list[str], stage: str) -> list[str]:
+    """Every exclusion regex must match at least one node name; a dead pattern is a recipe error."""
+    import onnx
+
+    names = [n.name for n in onnx.load(str(onnx_path), load_external_data=False).graph.node]
+    for pat in patterns:
+        try:
+            rx = re.compile(pat)
+        except re.error as exc:
+            raise RecipeError(f"stages.{stage}.quantize.exclude: bad regex '{pat}' ({exc})") from None
+        if not any(rx.search(n) for n in names):
+            sample = ", ".join(names[:3])
+            raise RecipeError(f"stages.{stage}.quantize.exclude: '{pat}' matches no node of {onnx_path.name} "
+                              f"(node names look like: {sample}, ...)")
+    return patterns
+
+
+def quantize(ctx: StepContext) -> dict[str, Any]:
+    """The ``<stage>.quantize`` step for ONNX stages."""
+    from modelopt.onnx.quantization import quantize as mo_quantize
+
+    p = ctx.params
+    stage, fmt = p["stage"], p["format"]
+    src = read_graphs_dir(ctx.inputs["graphs"])
+    out = copy_assets(src, ctx.out)
+    stats: dict[str, Any] = {}
+    logging.getLogger("modelopt").setLevel(logging.WARNING)
+    for name, g in src.graphs.items():
+        dst = ctx.out / g["file"]
+        if name not in QUANTIZED_GRAPHS[stage]:
+            link_or_copy(src.graph_path(name), dst)
+            continue
+        excludes = check_exclusions(src.graph_path(name), p["exclude"], stage)
+        records = load_records(ctx.inputs["calib"], name) if "calib" in ctx.inputs else []
+        if not records:
+            raise RecipeError(f"stages.{stage}.quantize: no calibration records for {name}")
+        ctx.log(f"{name}: {fmt}/{p['method']} on {len(records)} recorded inputs")
+        opset = max(p["opset"], 21) if fmt in ("fp8", "int4") else p["opset"]
+        work = ctx.out / f".work-{name}"
+        work.mkdir()
+        try:
+            tmp_out = work / g["file"]
+            mo_quantize(
+                str(src.graph_path(name)), quantize_mode=fmt, calibration_method=p["method"],
+                calibration_data_reader=_reader_class()(records), calibration_eps=["cpu"],
+                nodes_to_exclude=excludes or None, high_precision_dtype=p["high_precision_dtype"],
+                block_size=p["block_size"] if fmt == "int4" else None, output_path=str(tmp_out),
+                opset=opset, log_level="WARNING",
+            )
+            shutil.move(str(tmp_out), dst)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        g = dict(g, precision=fmt)
+        out.graphs[name] = g
+        stats[name] = _qdq_stats(dst)
+        ctx.log(f"{name}: {stats[name]}")
+    out.info["precision"] = fmt
+    out.info["quantized_graphs"] = list(QUANTIZED_GRAPHS[stage])
+    if fmt == "fp8":
+        out.info["requires"] = "ORT CPU: optimization disable (reference kernels); TensorRT: sm89+"
+    out.write()
+    return {"quantized": stats}
+
+
+def _qdq_stats(path: Path) -> dict[str, int]:
+    """Counts of the quantization ops in a graph (the metadata tests check)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    return {"QuantizeLinear": ops.count("QuantizeLinear"), "DequantizeLinear": ops.count("DequantizeLinear"),
+            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))}
