@@ -1,0 +1,109 @@
+"""Architecture settings of CosyVoice2's three networks, and the built-in presets.
+
+Field names follow the keys of ``cosyvoice2.yaml`` and Qwen2's ``config.json`` where those exist;
+values that upstream code hard-codes (four up-sampling conformer layers, the look-ahead length)
+are fields too, defaulting to the real values, so the tiny preset can shrink them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """Qwen2 body (from CosyVoice-BlankEN/config.json) plus CosyVoice's speech heads."""
+
+    hidden_size: int = 896
+    num_layers: int = 24
+    num_heads: int = 14
+    num_kv_heads: int = 2
+    intermediate_size: int = 4864
+    vocab_size: int = 151936
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """CausalMaskedDiffWithXvec: token embedding, upsampling conformer encoder, CFM with a 1-D UNet."""
+
+    input_size: int = 512
+    output_size: int = 80
+    spk_embed_dim: int = 192
+    vocab_size: int = 6561
+    pre_lookahead_len: int = 3
+    # encoder
+    encoder_size: int = 512
+    attention_heads: int = 8
+    linear_units: int = 2048
+    num_blocks: int = 6
+    num_up_blocks: int = 4
+    up_stride: int = 2
+    # CFM
+    inference_cfg_rate: float = 0.7
+    n_timesteps: int = 10
+    noise_frames: int = 15000
+    # estimator
+    estimator_in_channels: int = 320
+    channels: tuple[int, ...] = (256,)
+    attention_head_dim: int = 64
+    n_blocks: int = 4
+    num_mid_blocks: int = 12
+    num_heads: int = 8
+    static_chunk_size: int = 50
+
+
+@dataclass(frozen=True)
+class HiFTConfig:
+    """HiFTGenerator (NSF source + iSTFTNet) and its ConvRNN F0 predictor."""
+
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    f0_cond_channels: int = 512
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    hift: HiFTConfig = field(default_factory=HiFTConfig)
+    sample_rate: int = 24000
+    token_frame_rate: int = 25
+    token_mel_ratio: int = 2
+    speech_token_size: int = 6561
+    chunk_size: int = 25
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "random-0.5b": ModelConfig(),
+    "tiny": ModelConfig(
+        llm=LLMConfig(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256,
+                      vocab_size=512, max_position_embeddings=4096),
+        flow=FlowConfig(input_size=64, encoder_size=64, attention_heads=2, linear_units=128, num_blocks=1,
+                        num_up_blocks=1, channels=(64,), attention_head_dim=32, n_blocks=1, num_mid_blocks=1,
+                        num_heads=2),
+        hift=HiFTConfig(base_channels=32, f0_cond_channels=32),
+    ),
+}

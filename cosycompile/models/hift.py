@@ -1,0 +1,205 @@
+"""CosyVoice2's vocoder: HiFTGenerator (neural source filter + iSTFTNet), 480 samples per mel frame.
+
+Keys follow upstream, with weight norm as parametrizations (``*.parametrizations.weight.original0``
+is the gain g, ``original1`` the direction v); the loader also accepts old-style ``weight_g``/``weight_v``.
+The source's random initial phases and noise can be passed in, which makes the network
+deterministic for comparisons and exportable with the randomness as graph inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from .config import HiFTConfig
+
+
+def _padding(kernel: int, dilation: int = 1) -> int:
+    return (kernel * dilation - dilation) // 2
+
+
+class Snake(nn.Module):
+    """x + sin^2(alpha x) / alpha, with a learned alpha per channel."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.alpha[None, :, None]
+        return x + (1.0 / (a + 1e-9)) * torch.sin(x * a).pow(2)
+
+
+class ResBlock(nn.Module):
+    def __init__(self, channels: int, kernel: int, dilations: tuple[int, ...]) -> None:
+        super().__init__()
+        self.convs1 = nn.ModuleList(weight_norm(nn.Conv1d(channels, channels, kernel, 1, dilation=d,
+                                                          padding=_padding(kernel, d))) for d in dilations)
+        self.convs2 = nn.ModuleList(weight_norm(nn.Conv1d(channels, channels, kernel, 1, dilation=1,
+                                                          padding=_padding(kernel))) for _ in dilations)
+        self.activations1 = nn.ModuleList(Snake(channels) for _ in dilations)
+        self.activations2 = nn.ModuleList(Snake(channels) for _ in dilations)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2):
+            x = x + c2(a2(c1(a1(x))))
+        return x
+
+
+class ConvRNNF0Predictor(nn.Module):
+    def __init__(self, num_class: int = 1, in_channels: int = 80, cond_channels: int = 512) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i in range(5):
+            layers += [weight_norm(nn.Conv1d(in_channels if i == 0 else cond_channels, cond_channels, 3, padding=1)),
+                       nn.ELU()]
+        self.condnet = nn.Sequential(*layers)
+        self.classifier = nn.Linear(cond_channels, num_class)
+
+    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+        return torch.abs(self.classifier(self.condnet(mel).transpose(1, 2)).squeeze(-1))
+
+
+class SineGen2(nn.Module):
+    """Harmonic sine source from F0 (phase integrated at frame rate, then upsampled)."""
+
+    def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
+                 voiced_threshold: float) -> None:
+        super().__init__()
+        self.sampling_rate, self.upsample_scale = samp_rate, upsample_scale
+        self.harmonics = harmonic_num + 1
+        self.sine_amp, self.noise_std, self.voiced_threshold = sine_amp, noise_std, voiced_threshold
+        self.register_buffer("harmonic_index", torch.arange(1, self.harmonics + 1, dtype=torch.float32),
+                             persistent=False)
+        first_off = torch.ones(self.harmonics)
+        first_off[0] = 0.0  # the fundamental always starts at phase 0
+        self.register_buffer("first_off", first_off, persistent=False)
+
+    def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+        """f0 [B, L, 1] at sample rate -> source [B, L, harmonics]."""
+        fn = f0 * self.harmonic_index
+        rad = torch.remainder(fn / self.sampling_rate, 1.0)
+        if rand_ini is None:
+            rand_ini = torch.rand(f0.shape[0], self.harmonics, device=f0.device)
+        rad = torch.cat([rad[:, :1] + (rand_ini * self.first_off)[:, None], rad[:, 1:]], dim=1)
+        rad = F.interpolate(rad.transpose(1, 2), scale_factor=1.0 / self.upsample_scale, mode="linear")
+        phase = torch.cumsum(rad, dim=2) * 2 * math.pi
+        phase = F.interpolate(phase * self.upsample_scale, scale_factor=float(self.upsample_scale), mode="linear")
+        sines = torch.sin(phase).transpose(1, 2) * self.sine_amp
+        uv = (f0 > self.voiced_threshold).float()
+        if noise is None:
+            noise = torch.randn_like(sines)
+        noise = (uv * self.noise_std + (1 - uv) * self.sine_amp / 3) * noise
+        return sines * uv + noise
+
+
+class SourceModuleHnNSF(nn.Module):
+    def __init__(self, cfg: HiFTConfig, upsample_scale: int) -> None:
+        super().__init__()
+        self.l_sin_gen = SineGen2(cfg.sampling_rate, upsample_scale, cfg.nb_harmonics, cfg.nsf_alpha, cfg.nsf_sigma,
+                                  cfg.nsf_voiced_threshold)
+        self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
+        self.l_tanh = nn.Tanh()
+
+    def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+        return self.l_tanh(self.l_linear(self.l_sin_gen(f0, rand_ini, noise)))
+
+
+class HiFTGenerator(nn.Module):
+    def __init__(self, cfg: HiFTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.n_fft, self.hop = cfg.istft_n_fft, cfg.istft_hop_len
+        self.upsample_scale = int(np.prod(cfg.upsample_rates)) * self.hop
+        self.num_kernels = len(cfg.resblock_kernel_sizes)
+        self.num_upsamples = len(cfg.upsample_rates)
+        base = cfg.base_channels
+        self.m_source = SourceModuleHnNSF(cfg, self.upsample_scale)
+        self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
+        self.conv_pre = weight_norm(nn.Conv1d(cfg.in_channels, base, 7, 1, padding=3))
+        self.ups = nn.ModuleList(
+            weight_norm(nn.ConvTranspose1d(base // 2**i, base // 2 ** (i + 1), k, u, padding=(k - u) // 2))
+            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
+        down_rates = [1] + list(cfg.upsample_rates[::-1][:-1])
+        cum = np.cumprod(down_rates)[::-1]
+        self.source_downs = nn.ModuleList()
+        self.source_resblocks = nn.ModuleList()
+        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+            ch = base // 2 ** (i + 1)
+            u = int(u)
+            self.source_downs.append(nn.Conv1d(self.n_fft + 2, ch, 1, 1) if u == 1
+                                     else nn.Conv1d(self.n_fft + 2, ch, u * 2, u, padding=u // 2))
+            self.source_resblocks.append(ResBlock(ch, k, d))
+        self.resblocks = nn.ModuleList(
+            ResBlock(base // 2 ** (i + 1), k, d) for i in range(self.num_upsamples)
+            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+        self.conv_post = weight_norm(nn.Conv1d(base // 2**self.num_upsamples, self.n_fft + 2, 7, 1, padding=3))
+        self.reflection_pad = nn.ReflectionPad1d((1, 0))
+        self.f0_predictor = ConvRNNF0Predictor(1, cfg.in_channels, cfg.f0_cond_channels)
+        window = torch.hann_window(self.n_fft, periodic=True)
+        self.register_buffer("stft_window", window, persistent=False)
+        # A Hann-windowed real DFT as conv weights: torch.stft does not export to ONNX, a conv does.
+        n = torch.arange(self.n_fft, dtype=torch.float64)
+        k = torch.arange(self.n_fft // 2 + 1, dtype=torch.float64)[:, None]
+        ang = 2 * math.pi * k * n / self.n_fft
+        basis = torch.cat([torch.cos(ang), -torch.sin(ang)], dim=0) * window.double()
+        self.register_buffer("stft_basis", basis.float()[:, None, :], persistent=False)
+
+    def stft(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, L] -> [B, n_fft+2, L/hop+1] (real rows, then imaginary), = torch.stft(center=True)."""
+        x = F.pad(x[:, None], (self.n_fft // 2, self.n_fft // 2), mode="reflect")
+        return F.conv1d(x, self.stft_basis, stride=self.hop)
+
+    def source(self, mel: torch.Tensor, rand_ini: torch.Tensor | None = None,
+               noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The NSF excitation [B, 1, T*480] from the mel's predicted F0."""
+        f0 = self.f0_predictor(mel)
+        s = self.f0_upsamp(f0[:, None]).transpose(1, 2)
+        return self.m_source(s, rand_ini, noise).transpose(1, 2)
+
+    def spectrum(self, mel: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(magnitude, phase) [B, n_fft/2+1, frames] that the iSTFT turns into audio."""
+        s_stft = self.stft(s[:, 0])
+        x = self.conv_pre(mel)
+        for i in range(self.num_upsamples):
+            x = self.ups[i](F.leaky_relu(x, self.cfg.lrelu_slope))
+            if i == self.num_upsamples - 1:
+                x = self.reflection_pad(x)
+            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
+            xs = self.resblocks[i * self.num_kernels](x)
+            for j in range(1, self.num_kernels):
+                xs = xs + self.resblocks[i * self.num_kernels + j](x)
+            x = xs / self.num_kernels
+        x = self.conv_post(F.leaky_relu(x))
+        half = self.n_fft // 2 + 1
+        magnitude = torch.clamp(torch.exp(x[:, :half]), max=1e2)
+        return magnitude, torch.sin(x[:, half:])
+
+    def istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
+        spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
+        return torch.istft(spec, self.n_fft, self.hop, self.n_fft, window=self.stft_window)
+
+    @torch.inference_mode()
+    def inference(self, mel: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                  noise: torch.Tensor | None = None) -> torch.Tensor:
+        """mel [B, 80, T] -> wav [B, T*480] in [-audio_limit, audio_limit]."""
+        mag, phase = self.spectrum(mel, self.source(mel, rand_ini, noise))
+        return torch.clamp(self.istft(mag, phase), -self.cfg.audio_limit, self.cfg.audio_limit)
+
+
+class HiFTNetStep(nn.Module):
+    """Export wrapper: ``(mel [1,80,T], rand_ini [1,H], noise [1,T*480,H]) -> (magnitude, phase)``."""
+
+    def __init__(self, hift: HiFTGenerator) -> None:
+        super().__init__()
+        self.hift = hift
+
+    def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.hift.spectrum(mel, self.hift.source(mel, rand_ini, noise))

@@ -1,0 +1,396 @@
+"""The one way networks are built for a build: from a model dir in CosyVoice2-0.5B's layout.
+
+``init_model`` writes the built-in models in that layout (so they go through exactly the same
+loading as a real checkpoint); ``load_models`` reads the config safely and loads each ``.pt``
+with ``weights_only=True`` and ``strict=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from torch import nn
+
+from ..errors import ModelError
+from .config import PRESETS, FlowConfig, HiFTConfig, LLMConfig, ModelConfig
+from .yaml_safe import args, read_cosyvoice_yaml
+
+MODEL_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt")
+QWEN_DIR = "CosyVoice-BlankEN"
+_STAGE_FILES = {"llm": ("cosyvoice2.yaml", "llm.pt", f"{QWEN_DIR}/config.json"),
+                "flow": ("cosyvoice2.yaml", "flow.pt"), "hift": ("cosyvoice2.yaml", "hift.pt")}
+
+
+@dataclass
+class LoadedModels:
+    config: ModelConfig
+    llm: Any = None
+    flow: Any = None
+    hift: Any = None
+
+
+def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
+    """Files of the model dir that the given stages read (for content keys)."""
+    return sorted({model_dir / f for s in stages for f in _STAGE_FILES[s]})
+
+
+# -- config -----------------------------------------------------------------------------------
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    """ModelConfig from ``cosyvoice2.yaml`` and ``CosyVoice-BlankEN/config.json`` (nothing constructed)."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise ModelError(f"{model_dir}: model dir not found")
+    y = read_cosyvoice_yaml(model_dir / "cosyvoice2.yaml")
+    try:
+        llm_y, flow_y, hift_y = args(y["llm"]), args(y["flow"]), args(y["hift"])
+        enc, cfm = args(flow_y["encoder"]), args(flow_y["decoder"])
+        est = args(cfm["estimator"])
+        cfm_params = args(cfm.get("cfm_params", {}))
+        cfm_params = args(cfm_params.get("content", cfm_params))
+        istft = hift_y.get("istft_params", {})
+        f0 = args(hift_y.get("f0_predictor", {}))
+        speech_token_size = int(llm_y.get("speech_token_size", 6561))
+        flow = FlowConfig(
+            input_size=int(flow_y["input_size"]), output_size=int(flow_y["output_size"]),
+            spk_embed_dim=int(flow_y["spk_embed_dim"]), vocab_size=int(flow_y["vocab_size"]),
+            pre_lookahead_len=int(flow_y.get("pre_lookahead_len", 3)),
+            encoder_size=int(enc["output_size"]), attention_heads=int(enc["attention_heads"]),
+            linear_units=int(enc["linear_units"]), num_blocks=int(enc["num_blocks"]),
+            num_up_blocks=int(enc.get("num_up_blocks", 4)),
+            inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
+            estimator_in_channels=int(est["in_channels"]), channels=tuple(int(c) for c in est["channels"]),
+            attention_head_dim=int(est["attention_head_dim"]), n_blocks=int(est["n_blocks"]),
+            num_mid_blocks=int(est["num_mid_blocks"]), num_heads=int(est["num_heads"]),
+            static_chunk_size=int(est.get("static_chunk_size", 50)),
+        )
+        hift = HiFTConfig(
+            in_channels=int(hift_y["in_channels"]), base_channels=int(hift_y["base_channels"]),
+            nb_harmonics=int(hift_y["nb_harmonics"]), sampling_rate=int(hift_y["sampling_rate"]),
+            nsf_alpha=float(hift_y["nsf_alpha"]), nsf_sigma=float(hift_y["nsf_sigma"]),
+            nsf_voiced_threshold=float(hift_y["nsf_voiced_threshold"]),
+            upsample_rates=tuple(int(u) for u in hift_y["upsample_rates"]),
+            upsample_kernel_sizes=tuple(int(k) for k in hift_y["upsample_kernel_sizes"]),
+            istft_n_fft=int(istft.get("n_fft", 16)), istft_hop_len=int(istft.get("hop_len", 4)),
+            resblock_kernel_sizes=tuple(hift_y["resblock_kernel_sizes"]),
+            resblock_dilation_sizes=tuple(tuple(d) for d in hift_y["resblock_dilation_sizes"]),
+            source_resblock_kernel_sizes=tuple(hift_y["source_resblock_kernel_sizes"]),
+            source_resblock_dilation_sizes=tuple(tuple(d) for d in hift_y["source_resblock_dilation_sizes"]),
+            lrelu_slope=float(hift_y.get("lrelu_slope", 0.1)), audio_limit=float(hift_y.get("audio_limit", 0.99)),
+            f0_cond_channels=int(f0.get("cond_channels", 512)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelError(f"{model_dir / 'cosyvoice2.yaml'}: missing or bad entry ({exc!r})") from None
+    qwen_cfg = model_dir / QWEN_DIR / "config.json"
+    llm = LLMConfig()
+    if qwen_cfg.is_file():
+        try:
+            q = json.loads(qwen_cfg.read_text())
+            llm = LLMConfig(hidden_size=q["hidden_size"], num_layers=q["num_hidden_layers"],
+                            num_heads=q["num_attention_heads"], num_kv_heads=q["num_key_value_heads"],
+                            intermediate_size=q["intermediate_size"], vocab_size=q["vocab_size"],
+                            rope_theta=float(q.get("rope_theta", q.get("rope_parameters", {}).get("rope_theta", 1e6))),
+                            rms_norm_eps=float(q.get("rms_norm_eps", 1e-6)),
+                            max_position_embeddings=int(q.get("max_position_embeddings", 32768)),
+                            tie_word_embeddings=bool(q.get("tie_word_embeddings", True)))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ModelError(f"{qwen_cfg}: missing or bad entry ({exc!r})") from None
+    return ModelConfig(llm=llm, flow=flow, hift=hift, sample_rate=int(y.get("sample_rate", 24000)),
+                       token_frame_rate=int(y.get("token_frame_rate", 25)),
+                       token_mel_ratio=int(y.get("token_mel_ratio", 2)), speech_token_size=speech_token_size,
+                       chunk_size=int(y.get("chunk_size", 25)))
+
+
+# -- networks ---------------------------------------------------------------------------------
+
+def build_llm(cfg: ModelConfig) -> nn.Module:
+    from .qwen2lm import Qwen2LM
+
+    return Qwen2LM(cfg.llm, cfg.speech_token_size)
+
+
+def build_flow(cfg: ModelConfig) -> nn.Module:
+    from .flow import CausalMaskedDiffWithXvec
+
+    return CausalMaskedDiffWithXvec(cfg.flow)
+
+
+def build_hift(cfg: ModelConfig) -> nn.Module:
+    from .hift import HiFTGenerator
+
+    return HiFTGenerator(cfg.hift)
+
+
+BUILDERS = {"llm": build_llm, "flow": build_flow, "hift": build_hift}
+
+
+def _normalize_hift_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip a ``generator.`` prefix and map old-style weight_g/weight_v to parametrization names."""
+    out = {}
+    for k, v in sd.items():
+        if k.startswith("generator."):
+            k = k[len("generator."):]
+        if k.endswith(".weight_g"):
+            k = k[: -len(".weight_g")] + ".parametrizations.weight.original0"
+        elif k.endswith(".weight_v"):
+            k = k[: -len(".weight_v")] + ".parametrizations.weight.original1"
+        out[k] = v
+    return out
+
+
+def _load_state(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise ModelError(f"{path}: checkpoint is missing")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle/zip errors come in many types
+        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
+    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+        raise ModelError(f"{path}: expected a state dict of tensors")
+    return sd
+
+
+def load_models(model_dir: Path, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
+    """Networks of ``stages`` from a model dir, in eval mode, float32, strictly loaded."""
+    model_dir = Path(model_dir)
+    cfg = read_model_config(model_dir)
+    out = LoadedModels(cfg)
+    for stage in stages:
+        net = BUILDERS[stage](cfg)
+        path = model_dir / f"{stage}.pt"
+        sd = _load_state(path)
+        if stage == "hift":
+            sd = _normalize_hift_keys(sd)
+        own = net.state_dict()
+        missing = [k for k in own if k not in sd]
+        unexpected = [k for k in sd if k not in own]
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+            if unexpected:
+                parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+            raise ModelError(f"{path}: keys do not match the {stage} network: {'; '.join(parts)}")
+        bad = [k for k in own if own[k].shape != sd[k].shape]
+        if bad:
+            k = bad[0]
+            raise ModelError(f"{path}: shape mismatch for {len(bad)} tensors, e.g. {k}: checkpoint "
+                             f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
+        net.load_state_dict(sd, strict=True)
+        setattr(out, stage, net.float().eval())
+    return out
+
+
+# -- built-in models ---------------------------------------------------------------------------
+
+def _yaml_text(cfg: ModelConfig) -> str:
+    """cosyvoice2.yaml in upstream's hyperpyyaml style (tags included, never executed by us)."""
+    f, h = cfg.flow, cfg.hift
+    return f"""# CosyVoice2 model config written by cosycompile (hyperpyyaml style, as upstream).
+sample_rate: {cfg.sample_rate}
+llm_input_size: {cfg.llm.hidden_size}
+llm_output_size: {cfg.llm.hidden_size}
+spk_embed_dim: {f.spk_embed_dim}
+qwen_pretrain_path: ''
+token_frame_rate: {cfg.token_frame_rate}
+token_mel_ratio: {cfg.token_mel_ratio}
+chunk_size: {cfg.chunk_size}
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.Qwen2LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {cfg.speech_token_size}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
+    input_size: {f.input_size}
+    output_size: {f.output_size}
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {f.vocab_size}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: {f.pre_lookahead_len}
+    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+        output_size: {f.encoder_size}
+        attention_heads: {f.attention_heads}
+        linear_units: {f.linear_units}
+        num_blocks: {f.num_blocks}
+        num_up_blocks: {f.num_up_blocks}
+        dropout_rate: 0.1
+        positional_dropout_rate: 0.1
+        attention_dropout_rate: 0.1
+        normalize_before: True
+        input_layer: 'linear'
+        pos_enc_layer_type: 'rel_pos_espnet'
+        selfattention_layer_type: 'rel_selfattn'
+        input_size: {f.input_size}
+        use_cnn_module: False
+        macaron_style: False
+        static_chunk_size: !ref <chunk_size>
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: {f.output_size}
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: {f.inference_cfg_rate}
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+            in_channels: {f.estimator_in_channels}
+            out_channels: {f.output_size}
+            channels: {list(f.channels)}
+            dropout: 0.0
+            attention_head_dim: {f.attention_head_dim}
+            n_blocks: {f.n_blocks}
+            num_mid_blocks: {f.num_mid_blocks}
+            num_heads: {f.num_heads}
+            act_fn: 'gelu'
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
+    in_channels: {h.in_channels}
+    base_channels: {h.base_channels}
+    nb_harmonics: {h.nb_harmonics}
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: {h.nsf_alpha}
+    nsf_sigma: {h.nsf_sigma}
+    nsf_voiced_threshold: {h.nsf_voiced_threshold:g}
+    upsample_rates: {list(h.upsample_rates)}
+    upsample_kernel_sizes: {list(h.upsample_kernel_sizes)}
+    istft_params:
+        n_fft: {h.istft_n_fft}
+        hop_len: {h.istft_hop_len}
+    resblock_kernel_sizes: {list(h.resblock_kernel_sizes)}
+    resblock_dilation_sizes: {[list(d) for d in h.resblock_dilation_sizes]}
+    source_resblock_kernel_sizes: {list(h.source_resblock_kernel_sizes)}
+    source_resblock_dilation_sizes: {[list(d) for d in h.source_resblock_dilation_sizes]}
+    lrelu_slope: {h.lrelu_slope}
+    audio_limit: {h.audio_limit}
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
+        num_class: 1
+        in_channels: {h.in_channels}
+        cond_channels: {h.f0_cond_channels}
+"""
+
+
+def _init_weights(net: nn.Module, std: float = 0.02) -> None:
+    """Small, well-scaled random weights: finite, non-degenerate outputs from every stage."""
+    for name, p in net.named_parameters():
+        if "original0" in name:  # weight-norm gains: keep the direction's norm
+            continue
+        if name.endswith("alpha"):
+            nn.init.ones_(p)
+        elif p.ndim == 1:
+            if "norm" in name and name.endswith("weight"):
+                nn.init.ones_(p)
+            else:
+                nn.init.zeros_(p)
+        else:
+            nn.init.normal_(p, 0.0, std)
+
+
+def _write_frontend_standins(out: Path, seed: int) -> None:
+    """Tiny ONNX models with the real campplus / speech tokenizer I/O signatures."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    # campplus: input [1, T, 80] -> mean over time -> linear to 192.
+    w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
+    g = helper.make_graph(
+        [helper.make_node("ReduceMean", ["input"], ["m"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["m", "w"], ["embedding"])],
+        "campplus_standin",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 192])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "campplus.onnx")
+    # speech tokenizer: feats [1,128,T] -> 4-frame average pooling -> projection -> argmax ids (25 Hz).
+    proj = numpy_helper.from_array(rng.standard_normal((128, 6561)).astype(np.float32), "proj")
+    g = helper.make_graph(
+        [helper.make_node("Unsqueeze", ["feats", "ax"], ["f4"]),
+         helper.make_node("AveragePool", ["f4"], ["p4"], kernel_shape=[1, 4], strides=[1, 4], ceil_mode=1),
+         helper.make_node("Squeeze", ["p4", "ax"], ["p"]),
+         helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 2, 1]),
+         helper.make_node("MatMul", ["pt", "proj"], ["logits"]),
+         helper.make_node("ArgMax", ["logits"], ["ids64"], axis=2, keepdims=0),
+         helper.make_node("Cast", ["ids64"], ["tokens"], to=TensorProto.INT32),
+         helper.make_node("Identity", ["feats_length"], ["unused_len"])],
+        "speech_tokenizer_standin",
+        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
+         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
+        [helper.make_tensor_value_info("tokens", TensorProto.INT32, [1, "N"]),
+         helper.make_tensor_value_info("unused_len", TensorProto.INT32, [1])],
+        [proj, numpy_helper.from_array(np.array([2], np.int64), "ax")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "speech_tokenizer_v2.onnx")
+
+
+def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write ``builtin:<name>`` as a model dir in the real CosyVoice2-0.5B layout (atomically)."""
+    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
+    if name not in PRESETS:
+        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + p for p in PRESETS)})")
+    cfg = PRESETS[name]
+    out_dir = Path(out_dir)
+    tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    try:
+        (tmp / "cosyvoice2.yaml").write_text(_yaml_text(cfg))
+        qdir = tmp / QWEN_DIR
+        qdir.mkdir()
+        from .qwen2lm import qwen2_config
+
+        qcfg = qwen2_config(cfg.llm).to_dict()
+        (qdir / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True, default=str))
+        (qdir / "generation_config.json").write_text(json.dumps({"do_sample": False}, indent=2))
+        for i, stage in enumerate(("llm", "flow", "hift")):
+            torch.manual_seed(seed * 1000 + i)
+            net = BUILDERS[stage](cfg)
+            if stage != "llm":  # the LLM keeps transformers' own initialisation
+                _init_weights(net)
+            torch.save(net.state_dict(), tmp / f"{stage}.pt")
+            del net
+        _write_frontend_standins(tmp, seed)
+        (tmp / "builtin.json").write_text(json.dumps({"builtin": name, "seed": seed}, indent=2))
+        if out_dir.exists():
+            if any(out_dir.iterdir()):
+                raise ModelError(f"{out_dir}: exists and is not empty")
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def count_parameters(net: nn.Module, exclude_weight_norm_gain: bool = True) -> int:
+    """Parameters of a network; weight-norm gains (g) are counted separately upstream."""
+    return sum(p.numel() for n, p in net.named_parameters()
+               if not (exclude_weight_norm_gain and n.endswith("original0")))
+
+
+__all__ = ["LoadedModels", "MODEL_FILES", "count_parameters", "init_model", "load_models", "model_files",
+           "read_model_config", "replace"]

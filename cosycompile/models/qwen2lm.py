@@ -1,0 +1,115 @@
+"""CosyVoice2's speech-token LM: a Qwen2 body plus speech embedding and speech-token head.
+
+State-dict keys match CosyVoice2-0.5B's ``llm.pt``: ``llm.model.model.*`` (the Qwen2 body),
+``llm.model.lm_head.weight`` (tied, unused), ``llm_embedding``, ``speech_embedding``, ``llm_decoder``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .config import LLMConfig
+
+
+def qwen2_config(cfg: LLMConfig):  # -> transformers.Qwen2Config
+    """The transformers config of the Qwen2 body (no download; architectures set for ModelOpt export)."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
+        hidden_act="silu", max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, use_sliding_window=False,
+        attention_dropout=0.0, architectures=["Qwen2ForCausalLM"], torch_dtype="float32",
+    )
+
+
+class Qwen2Encoder(nn.Module):
+    """Holds the HF model under ``.model`` so keys read ``llm.model.model.layers...``."""
+
+    def __init__(self, cfg: LLMConfig) -> None:
+        super().__init__()
+        from transformers import Qwen2ForCausalLM
+
+        hf_cfg = qwen2_config(cfg)
+        hf_cfg._attn_implementation = "eager"
+        self.model = Qwen2ForCausalLM(hf_cfg)
+
+
+class Qwen2LM(nn.Module):
+    """The LM of CosyVoice2 (only what inference needs; no training losses)."""
+
+    def __init__(self, cfg: LLMConfig, speech_token_size: int = 6561) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.speech_token_size = speech_token_size
+        self.llm_embedding = nn.Embedding(2, cfg.hidden_size)  # row 0: sos, row 1: task_id
+        self.llm = Qwen2Encoder(cfg)
+        self.llm_decoder = nn.Linear(cfg.hidden_size, speech_token_size + 3)
+        self.speech_embedding = nn.Embedding(speech_token_size + 3, cfg.hidden_size)
+
+    @property
+    def qwen(self) -> nn.Module:
+        """The ``transformers`` Qwen2ForCausalLM."""
+        return self.llm.model
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class LLMDecodeStep(nn.Module):
+    """Export-friendly decode step over the SAME submodules as :class:`Qwen2LM`.
+
+    ``forward(inputs_embeds [B,S,H], past_key_values [L,2,B,KVH,P,D])`` returns speech-token logits
+    ``[B,S,V]`` and ``present_key_values [L,2,B,KVH,P+S,D]``. Positions run P..P+S-1; new tokens
+    attend causally to each other and fully to the past. There is no transformers Cache object,
+    so the graph traces into plain ONNX ops and one graph serves prefill and decode.
+    """
+
+    def __init__(self, lm: Qwen2LM) -> None:
+        super().__init__()
+        self.lm = lm
+        c = lm.cfg
+        self.num_heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, inputs_embeds: torch.Tensor, past_key_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        body = self.lm.qwen.model
+        B, S, _ = inputs_embeds.shape
+        P = past_key_values.shape[4]
+        pos = torch.arange(S, dtype=torch.float32, device=inputs_embeds.device) + P
+        freqs = pos[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        # Query i (absolute P+i) may see keys 0..P+i.
+        key_pos = torch.arange(S + P, device=inputs_embeds.device)[None, :]
+        allowed = key_pos <= (torch.arange(S, device=inputs_embeds.device)[:, None] + P)
+        bias = torch.zeros(allowed.shape, dtype=inputs_embeds.dtype).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        groups = self.num_heads // self.kv_heads
+        h = inputs_embeds
+        presents = []
+        for i, layer in enumerate(body.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            q = attn.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+            k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k = torch.cat([past_key_values[i, 0], k], dim=2)
+            v = torch.cat([past_key_values[i, 1], v], dim=2)
+            presents.append(torch.stack([k, v]))
+            kr = k.repeat_interleave(groups, dim=1)
+            vr = v.repeat_interleave(groups, dim=1)
+            scores = torch.matmul(q, kr.transpose(2, 3)) / math.sqrt(self.head_dim) + bias
+            ctx = torch.matmul(torch.softmax(scores, dim=-1), vr)
+            h = h + attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = self.lm.llm_decoder(body.norm(h))
+        return logits, torch.stack(presents)
