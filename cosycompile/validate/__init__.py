@@ -1,0 +1,1 @@
+"""Validation of builds against the FP32 reference: metrics, checks, report, gate."""
