@@ -300,17 +300,18 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
 def _init_weights(net: nn.Module, std: float = 0.02) -> None:
     """Small, well-scaled random weights: finite, non-degenerate outputs from every stage."""
     for name, p in net.named_parameters():
-        if "original0" in name:  # weight-norm gains: keep the direction's norm
+        if "original0" in name:  # weight-norm gains keep the norm of the layer's default init
             continue
         if name.endswith("alpha"):
             nn.init.ones_(p)
         elif p.ndim == 1:
-            if "norm" in name and name.endswith("weight"):
-                nn.init.ones_(p)
-            else:
-                nn.init.zeros_(p)
+            nn.init.zeros_(p)
         else:
             nn.init.normal_(p, 0.0, std)
+    for m in net.modules():  # normalisation layers: identity scale, whatever their attribute name
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
 
 
 def _write_frontend_standins(out: Path, seed: int) -> None:
