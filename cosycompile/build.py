@@ -119,6 +119,8 @@ def plan_build(recipe: Recipe) -> BuildPlan:
             tools=TORCH_TOOLS, describe=f"export {sdef.summary} to ONNX",
         )
         model.attach(export, sdef.model_files)
+        if model.root is not None:
+            export.preflight = _checkpoint_preflight(model.root, name)
         simplify = Step(
             name=f"{name}.simplify", kind="onnx.simplify", run=_lazy("cosycompile.steps_common", "simplify"),
             params={"method": spec.export.simplify}, deps={"graphs": export},
@@ -169,6 +171,15 @@ def plan_build(recipe: Recipe) -> BuildPlan:
     final.files["eval"] = (eval_set.root, eval_files)
     steps = [final]
     return BuildPlan(recipe, steps, final, stage_steps)
+
+
+def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
+    def check() -> None:
+        from .models.loader import check_checkpoint
+
+        check_checkpoint(root, stage)
+
+    return check
 
 
 def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graphs: Step, target: str,

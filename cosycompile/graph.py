@@ -62,6 +62,7 @@ class Step:
     tools: tuple[str, ...] = ()
     target: str | None = None
     describe: str = ""
+    preflight: Callable[[], None] | None = None  # cheap input check run before any step executes
 
     _key: str | None = field(default=None, repr=False)
     _components: dict[str, Any] | None = field(default=None, repr=False)
@@ -231,6 +232,10 @@ class Executor:
         cached: list[str] = []
         entries: dict[str, Entry] = {}
         seconds: dict[str, float] = {}
+        # Bad inputs of steps that will run fail here, before any work and before any entry is written.
+        for s in self.steps:
+            if s.preflight and (self.force or self.store.lookup(s.key(self.store)) is None):
+                s.preflight()
         n = len(self.steps)
         w = max(len(s.name) for s in self.steps)
         for i, s in enumerate(self.steps, 1):

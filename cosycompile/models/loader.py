@@ -152,9 +152,46 @@ def _load_state(path: Path) -> dict[str, torch.Tensor]:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle/zip errors come in many types
         raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
+    return sd
+
+
+def check_checkpoint(model_dir: Path, stage: str) -> None:
+    """Cheap pre-flight check of one stage's checkpoint: readable, and keys/shapes match the network.
+
+    The network is built on the meta device and the checkpoint memory-mapped, so this costs
+    seconds even for the 0.5B LLM; a bad file is reported before any build step runs.
+    """
+    model_dir = Path(model_dir)
+    cfg = read_model_config(model_dir)
+    with torch.device("meta"):
+        net = BUILDERS[stage](cfg)
+    path = model_dir / f"{stage}.pt"
+    if not path.is_file():
+        raise ModelError(f"{path}: checkpoint is missing")
+    try:
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # pickle/zip errors come in many types
+        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
+    _match(path, stage, net.state_dict(), _normalize_hift_keys(sd) if stage == "hift" else sd)
+
+
+def _match(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -> None:
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ModelError(f"{path}: expected a state dict of tensors")
-    return sd
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
+        raise ModelError(f"{path}: keys do not match the {stage} network: {'; '.join(parts)}")
+    bad = [k for k in own if own[k].shape != sd[k].shape]
+    if bad:
+        k = bad[0]
+        raise ModelError(f"{path}: shape mismatch for {len(bad)} tensors, e.g. {k}: checkpoint "
+                         f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
 
 
 def load_models(model_dir: Path, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
@@ -168,21 +205,7 @@ def load_models(model_dir: Path, stages: Iterable[str] = ("llm", "flow", "hift")
         sd = _load_state(path)
         if stage == "hift":
             sd = _normalize_hift_keys(sd)
-        own = net.state_dict()
-        missing = [k for k in own if k not in sd]
-        unexpected = [k for k in sd if k not in own]
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-            if unexpected:
-                parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-            raise ModelError(f"{path}: keys do not match the {stage} network: {'; '.join(parts)}")
-        bad = [k for k in own if own[k].shape != sd[k].shape]
-        if bad:
-            k = bad[0]
-            raise ModelError(f"{path}: shape mismatch for {len(bad)} tensors, e.g. {k}: checkpoint "
-                             f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
+        _match(path, stage, net.state_dict(), sd)
         net.load_state_dict(sd, strict=True)
         setattr(out, stage, net.float().eval())
     return out
