@@ -62,17 +62,20 @@ class EngineSpec(_Strict):
 
 
 class LLMCheck(_Strict):
-    """Stage check for the LLM decode step against the PyTorch FP32 reference."""
+    """Stage check for the LLM decode step against the PyTorch FP32 reference (None: not checked)."""
 
-    max_abs_logit_error: float = Field(1e-3, gt=0)
+    max_abs_logit_error: float | None = Field(1e-3, gt=0)
     identical_greedy_tokens: bool = True
+    min_top1_agreement: float | None = Field(None, ge=0, le=1)
+    min_logit_cosine: float | None = Field(None, ge=-1, le=1)
+    max_kl: float | None = Field(None, ge=0)
 
 
 class FlowCheck(_Strict):
     """Stage check for the flow estimator (and the full 10-step CFM) against PyTorch FP32."""
 
     lengths: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512], min_length=1)
-    max_abs_error: float = Field(1e-3, gt=0)
+    max_abs_error: float | None = Field(1e-3, gt=0)
     min_mel_snr_db: float = 30.0
 
 
@@ -80,6 +83,7 @@ class HiFTCheck(_Strict):
     """Stage check for the vocoder (network up to the iSTFT, iSTFT in numpy)."""
 
     min_snr_db: float = 40.0
+    max_log_mel_l1: float | None = Field(None, ge=0)
 
 
 class _StageBase(_Strict):
@@ -180,12 +184,29 @@ class Recipe(_Strict):
         return p if p.is_absolute() else (Path(self.base_dir) / p)
 
 
+# Keys holding paths; each is resolved against the folder of the file that sets it.
+PATH_KEYS = (("model",), ("validation", "eval_set"), ("calibration", "set"), ("validation", "gate", "baseline"))
+
+
+def _absolutize(located: Located, folder: Path) -> None:
+    for keys in PATH_KEYS:
+        node = located.data
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if not isinstance(node, dict):
+            continue
+        value = node.get(keys[-1])
+        if isinstance(value, str) and value and not value.startswith("builtin:") and not Path(value).is_absolute():
+            node[keys[-1]] = str(folder / Path(value).expanduser())
+
+
 def _load_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> Located:
     path = path.resolve() if path.exists() else path
     if path in seen:
         chain = " -> ".join(str(p) for p in seen + (path,))
         raise RecipeError(f"{path}: 'extends' forms a cycle: {chain}")
     located = load_located(path)
+    _absolutize(located, path.parent)
     parent = located.data.pop("extends", None)
     if parent is None:
         return located

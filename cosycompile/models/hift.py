@@ -65,8 +65,25 @@ class ConvRNNF0Predictor(nn.Module):
         return torch.abs(self.classifier(self.condnet(mel).transpose(1, 2)).squeeze(-1))
 
 
+def _frac(x: torch.Tensor) -> torch.Tensor:
+    """x mod 1 (as upstream's ``% 1``), written with floor so it exports as plain ONNX ops."""
+    return x - torch.floor(x)
+
+
 class SineGen2(nn.Module):
-    """Harmonic sine source from F0 (phase integrated at frame rate, then upsampled)."""
+    """Harmonic sine source from F0 (phase integrated at frame rate, then upsampled).
+
+    Same arithmetic as upstream's SineGen2 for 24 kHz, reorganised for float32: upstream integrates
+    the phase as ``U * cumsum(rad) * 2 pi`` and interpolates that, a number that reaches 1e5..1e6
+    radians after a few seconds, where one float32 ulp is 0.01..0.1 rad; tiny differences in how a
+    runtime sums or interpolates then become audible sine errors (9% torch vs ONNX Runtime at 10 s).
+    Here the phase is kept in cycles and wrapped to [0, 1) before it can grow: per-frame increments
+    are wrapped, summed in blocks, and the linear interpolation inside a frame is added afterwards.
+    Equal in exact arithmetic; torch and ONNX Runtime agree to ~1e-4 even for a minute of audio.
+    """
+
+    # Frames per partial sum: short float32 sums, and few of them, whatever the utterance length.
+    BLOCK = 64
 
     def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
                  voiced_threshold: float) -> None:
@@ -79,19 +96,51 @@ class SineGen2(nn.Module):
         first_off = torch.ones(self.harmonics)
         first_off[0] = 0.0  # the fundamental always starts at phase 0
         self.register_buffer("first_off", first_off, persistent=False)
+        # Linear upsampling (align_corners=False) puts sample n of frame segment m at weight
+        # (j + offset) / U past frame m, j = 0..U-1, with segments starting at sample U*m + first.
+        self.first = math.ceil(upsample_scale / 2 - 0.5)
+        offset = self.first + 0.5 - upsample_scale / 2
+        self.register_buffer("sample_offsets", torch.arange(upsample_scale, dtype=torch.float32) + offset,
+                             persistent=False)
+
+    def frame_phase(self, rad: torch.Tensor) -> torch.Tensor:
+        """Phase in cycles, wrapped to [0, 1), at each frame: U * cumsum(rad) mod 1. [B, T, H]."""
+        B, T, H = rad.shape
+        k = self.BLOCK
+        inc = F.pad(_frac(rad * self.upsample_scale), (0, 0, 0, (-T) % k)).reshape(B, -1, k, H)
+        inner = torch.cumsum(inc, dim=2)
+        totals = _frac(inner[:, :, -1])
+        before = _frac(torch.cumsum(totals, dim=1) - totals)
+        return _frac(before[:, :, None] + inner).reshape(B, -1, H)[:, :T]
+
+    def sample_phase(self, rad: torch.Tensor) -> torch.Tensor:
+        """Upstream's linear x U interpolation of the frame phase, in wrapped cycles. [B, T*U, H]."""
+        B, T, H = rad.shape
+        U = self.upsample_scale
+        base = self.frame_phase(rad)
+        zero = torch.zeros_like(rad[:, :1])
+        # Segment m in -1..T-1 runs from frame m to m+1; before frame 0 and after frame T-1 the
+        # interpolation is clamped to the edge frame, i.e. a zero slope.
+        seg_base = torch.cat([base[:, :1], base], dim=1)
+        seg_slope = torch.cat([zero, rad[:, 1:], zero], dim=1)
+        phase = _frac(seg_base[:, :, None] + self.sample_offsets[None, None, :, None] * seg_slope[:, :, None])
+        start = U - self.first
+        return phase.reshape(B, -1, H)[:, start: start + T * U]
 
     def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
                 noise: torch.Tensor | None = None) -> torch.Tensor:
-        """f0 [B, L, 1] at sample rate -> source [B, L, harmonics]."""
-        fn = f0 * self.harmonic_index
-        rad = torch.remainder(fn / self.sampling_rate, 1.0)
+        """f0 [B, L, 1] at sample rate -> source [B, L, harmonics].
+
+        ``rand_ini`` [B, H] is upstream's random initial phase, added to sample 0 before the
+        frame-rate downsampling; at 480x that interpolation never reads sample 0, so (as upstream)
+        it has no effect on the output. ``noise`` [B, L, H] is the standard normal draw.
+        """
+        rad = _frac(f0 * self.harmonic_index / self.sampling_rate)
         if rand_ini is None:
             rand_ini = torch.rand(f0.shape[0], self.harmonics, device=f0.device)
         rad = torch.cat([rad[:, :1] + (rand_ini * self.first_off)[:, None], rad[:, 1:]], dim=1)
         rad = F.interpolate(rad.transpose(1, 2), scale_factor=1.0 / self.upsample_scale, mode="linear")
-        phase = torch.cumsum(rad, dim=2) * 2 * math.pi
-        phase = F.interpolate(phase * self.upsample_scale, scale_factor=float(self.upsample_scale), mode="linear")
-        sines = torch.sin(phase).transpose(1, 2) * self.sine_amp
+        sines = torch.sin(2 * math.pi * self.sample_phase(rad.transpose(1, 2))) * self.sine_amp
         uv = (f0 > self.voiced_threshold).float()
         if noise is None:
             noise = torch.randn_like(sines)

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
-from .config import PRESETS, FlowConfig, HiFTConfig, LLMConfig, ModelConfig
-from .yaml_safe import args, read_cosyvoice_yaml
+from .config import PRESETS, ModelConfig
+from .yaml_safe import read_model_config
 
 MODEL_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt")
 QWEN_DIR = "CosyVoice-BlankEN"
@@ -39,73 +39,6 @@ class LoadedModels:
 def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
     """Files of the model dir that the given stages read (for content keys)."""
     return sorted({model_dir / f for s in stages for f in _STAGE_FILES[s]})
-
-
-# -- config -----------------------------------------------------------------------------------
-
-def read_model_config(model_dir: Path) -> ModelConfig:
-    """ModelConfig from ``cosyvoice2.yaml`` and ``CosyVoice-BlankEN/config.json`` (nothing constructed)."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelError(f"{model_dir}: model dir not found")
-    y = read_cosyvoice_yaml(model_dir / "cosyvoice2.yaml")
-    try:
-        llm_y, flow_y, hift_y = args(y["llm"]), args(y["flow"]), args(y["hift"])
-        enc, cfm = args(flow_y["encoder"]), args(flow_y["decoder"])
-        est = args(cfm["estimator"])
-        cfm_params = args(cfm.get("cfm_params", {}))
-        cfm_params = args(cfm_params.get("content", cfm_params))
-        istft = hift_y.get("istft_params", {})
-        f0 = args(hift_y.get("f0_predictor", {}))
-        speech_token_size = int(llm_y.get("speech_token_size", 6561))
-        flow = FlowConfig(
-            input_size=int(flow_y["input_size"]), output_size=int(flow_y["output_size"]),
-            spk_embed_dim=int(flow_y["spk_embed_dim"]), vocab_size=int(flow_y["vocab_size"]),
-            pre_lookahead_len=int(flow_y.get("pre_lookahead_len", 3)),
-            encoder_size=int(enc["output_size"]), attention_heads=int(enc["attention_heads"]),
-            linear_units=int(enc["linear_units"]), num_blocks=int(enc["num_blocks"]),
-            num_up_blocks=int(enc.get("num_up_blocks", 4)),
-            inference_cfg_rate=float(cfm_params.get("inference_cfg_rate", 0.7)),
-            estimator_in_channels=int(est["in_channels"]), channels=tuple(int(c) for c in est["channels"]),
-            attention_head_dim=int(est["attention_head_dim"]), n_blocks=int(est["n_blocks"]),
-            num_mid_blocks=int(est["num_mid_blocks"]), num_heads=int(est["num_heads"]),
-            static_chunk_size=int(est.get("static_chunk_size", 50)),
-        )
-        hift = HiFTConfig(
-            in_channels=int(hift_y["in_channels"]), base_channels=int(hift_y["base_channels"]),
-            nb_harmonics=int(hift_y["nb_harmonics"]), sampling_rate=int(hift_y["sampling_rate"]),
-            nsf_alpha=float(hift_y["nsf_alpha"]), nsf_sigma=float(hift_y["nsf_sigma"]),
-            nsf_voiced_threshold=float(hift_y["nsf_voiced_threshold"]),
-            upsample_rates=tuple(int(u) for u in hift_y["upsample_rates"]),
-            upsample_kernel_sizes=tuple(int(k) for k in hift_y["upsample_kernel_sizes"]),
-            istft_n_fft=int(istft.get("n_fft", 16)), istft_hop_len=int(istft.get("hop_len", 4)),
-            resblock_kernel_sizes=tuple(hift_y["resblock_kernel_sizes"]),
-            resblock_dilation_sizes=tuple(tuple(d) for d in hift_y["resblock_dilation_sizes"]),
-            source_resblock_kernel_sizes=tuple(hift_y["source_resblock_kernel_sizes"]),
-            source_resblock_dilation_sizes=tuple(tuple(d) for d in hift_y["source_resblock_dilation_sizes"]),
-            lrelu_slope=float(hift_y.get("lrelu_slope", 0.1)), audio_limit=float(hift_y.get("audio_limit", 0.99)),
-            f0_cond_channels=int(f0.get("cond_channels", 512)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelError(f"{model_dir / 'cosyvoice2.yaml'}: missing or bad entry ({exc!r})") from None
-    qwen_cfg = model_dir / QWEN_DIR / "config.json"
-    llm = LLMConfig()
-    if qwen_cfg.is_file():
-        try:
-            q = json.loads(qwen_cfg.read_text())
-            llm = LLMConfig(hidden_size=q["hidden_size"], num_layers=q["num_hidden_layers"],
-                            num_heads=q["num_attention_heads"], num_kv_heads=q["num_key_value_heads"],
-                            intermediate_size=q["intermediate_size"], vocab_size=q["vocab_size"],
-                            rope_theta=float(q.get("rope_theta", q.get("rope_parameters", {}).get("rope_theta", 1e6))),
-                            rms_norm_eps=float(q.get("rms_norm_eps", 1e-6)),
-                            max_position_embeddings=int(q.get("max_position_embeddings", 32768)),
-                            tie_word_embeddings=bool(q.get("tie_word_embeddings", True)))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ModelError(f"{qwen_cfg}: missing or bad entry ({exc!r})") from None
-    return ModelConfig(llm=llm, flow=flow, hift=hift, sample_rate=int(y.get("sample_rate", 24000)),
-                       token_frame_rate=int(y.get("token_frame_rate", 25)),
-                       token_mel_ratio=int(y.get("token_mel_ratio", 2)), speech_token_size=speech_token_size,
-                       chunk_size=int(y.get("chunk_size", 25)))
 
 
 # -- networks ---------------------------------------------------------------------------------

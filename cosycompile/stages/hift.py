@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..graph import StepContext
-from .common import engine_runtime, eval_items, export_stage, model_dir, write_check
+from .common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
 
 
 def graph_modules(models: Any) -> dict[str, Any]:
@@ -50,21 +50,31 @@ def check(ctx: StepContext) -> dict[str, Any]:
     from ..dataset import read_wav
     from ..dsp import mel_spectrogram, resample
     from ..reference import load_reference, reference_runtime
-    from ..validate.metrics import waveform_snr_db
+    from ..validate.metrics import log_mel_l1, waveform_snr_db
 
     p, c = ctx.params, ctx.params["check"]
     ref = reference_runtime("hift", load_reference(model_dir(ctx), ("hift",), p["threads"]))
     eng = engine_runtime(ctx, "hift")
-    snrs = []
+    snrs, l1s, mels = [], [], []
     for n, item in enumerate(ctx.progress(eval_items(ctx), desc="eval prompts")):
         if item.prompt_wav is None:
             continue
         wav, sr = read_wav(item.prompt_wav)
         mel = mel_spectrogram(resample(wav, sr, 24000), 24000).astype(np.float32)
-        snrs.append(waveform_snr_db(ref.wav(mel, seed=n), eng.wav(mel, seed=n)))
+        a, b = ref.wav(mel, seed=n), eng.wav(mel, seed=n)
+        snrs.append(waveform_snr_db(a, b))
+        l1s.append(log_mel_l1(a, b))
+        mels.append(mel)
     if not snrs:  # an eval set without prompt audio: fall back to a smooth synthetic mel
         mel = np.log(np.abs(np.random.default_rng(0).standard_normal((80, 100))) + 1e-2).astype(np.float32)
-        snrs.append(waveform_snr_db(ref.wav(mel), eng.wav(mel)))
-    metrics = {"waveform_snr_db_min": float(min(snrs)), "waveform_snr_db_mean": float(np.mean(snrs))}
+        a, b = ref.wav(mel), eng.wav(mel)
+        snrs.append(waveform_snr_db(a, b))
+        l1s.append(log_mel_l1(a, b))
+        mels.append(mel)
+    speed = speed_vs_fp32(ctx, "hift", eng, lambda rt: rt.wav(mels[0]))
+    metrics = {**speed, "waveform_snr_db_min": float(min(snrs)), "waveform_snr_db_mean": float(np.mean(snrs)),
+               "log_mel_l1_mean": float(np.mean(l1s))}
     failures = [] if min(snrs) >= c["min_snr_db"] else [f"waveform SNR {min(snrs):.1f} dB < {c['min_snr_db']} dB"]
+    if c["max_log_mel_l1"] is not None and metrics["log_mel_l1_mean"] > c["max_log_mel_l1"]:
+        failures.append(f"log-mel L1 {metrics['log_mel_l1_mean']:.3f} > {c['max_log_mel_l1']}")
     return write_check(ctx, metrics, failures)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..graph import StepContext
-from .common import engine_runtime, eval_items, export_stage, model_dir, write_check
+from .common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
 
 
 def graph_modules(models: Any) -> dict[str, Any]:
@@ -76,12 +76,27 @@ def check(ctx: StepContext) -> dict[str, Any]:
         cos.append(logit_cosine(ref_logits, eng_logits))
         kl.append(kl_divergence(ref_logits, eng_logits))
     c = p["check"]
-    metrics = {"max_abs_logit_error": max_err, "identical_greedy_sequences": same, "items": items,
+
+    def decode_steps(rt: Any, n: int = 32) -> None:
+        # Per-token cost: one-token steps on a growing cache, the decode loop's real shape.
+        _, cache = rt.step(rt.prefix(first_ids, first_prompt), rt.empty_cache())
+        for tok in range(n):
+            _, cache = rt.step(rt.speech_embedding[tok][None, None].astype(np.float32), cache)
+
+    first_ids, first_prompt = frontend.item_inputs(eval_items(ctx)[0])
+    speed = speed_vs_fp32(ctx, "llm", eng, decode_steps)
+    metrics = {**speed, "max_abs_logit_error": max_err, "identical_greedy_sequences": same, "items": items,
                "top1_agreement": float(np.mean(agree)), "logit_cosine": float(np.mean(cos)),
                "kl": float(np.mean(kl))}
     failures = []
-    if max_err >= c["max_abs_logit_error"]:
+    if c["max_abs_logit_error"] is not None and max_err >= c["max_abs_logit_error"]:
         failures.append(f"max abs logit error {max_err:.2e} >= {c['max_abs_logit_error']:.0e}")
     if c["identical_greedy_tokens"] and same != items:
         failures.append(f"greedy token sequences identical on {same}/{items} items")
+    for key, value, higher in (("min_top1_agreement", metrics["top1_agreement"], True),
+                               ("min_logit_cosine", metrics["logit_cosine"], True),
+                               ("max_kl", metrics["kl"], False)):
+        limit = c[key]
+        if limit is not None and (value < limit if higher else value > limit):
+            failures.append(f"{key.split('_', 1)[1]} {value:.4g} {'<' if higher else '>'} {limit}")
     return write_check(ctx, metrics, failures)

@@ -110,11 +110,16 @@ def multi_resolution_stft_distance(ref: np.ndarray, test: np.ndarray,
 
 
 def pesq_wb(ref: np.ndarray, test: np.ndarray, sr: int) -> float:
-    """Wideband PESQ (MOS-LQO, 1..4.64, higher is better) at 16 kHz on the common length."""
-    from pesq import pesq
+    """Wideband PESQ (MOS-LQO, 1..4.64, higher is better) at 16 kHz on the common length.
+
+    NaN when PESQ's voice activity detector finds no speech in the reference (e.g. the output of
+    a randomly initialised model): PESQ is undefined there, and NaN keeps it out of averages.
+    """
+    from pesq import PesqError, pesq
 
     a, b = _common(resample(np.ravel(ref), sr, 16000), resample(np.ravel(test), sr, 16000))
-    return float(pesq(16000, a.astype(np.float64), b.astype(np.float64), "wb"))
+    score = pesq(16000, a.astype(np.float64), b.astype(np.float64), "wb", on_error=PesqError.RETURN_VALUES)
+    return float(score) if score >= 0 else float("nan")
 
 
 def stoi(ref: np.ndarray, test: np.ndarray, sr: int, extended: bool = False) -> float:

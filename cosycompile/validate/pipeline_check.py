@@ -19,6 +19,8 @@ from .report import REPORT_SCHEMA, render_markdown
 
 SAMPLE_RATE = 24000
 AUDIO_ITEMS = 2
+PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slow metrics, bounded cost
+FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus 3 look-ahead tokens
 
 
 def _timed(fn: Callable[[], Any], warmup: int, runs: int) -> tuple[float, float]:
@@ -73,6 +75,12 @@ def run(ctx: StepContext) -> dict[str, Any]:
             row["waveform_snr_db"] = M.waveform_snr_db(r.wav, b.wav)
         if len(r.wav) and len(b.wav):
             row["log_mel_l1"] = M.log_mel_l1(r.wav, b.wav, SAMPLE_RATE)
+            row["mr_stft_distance"] = M.multi_resolution_stft_distance(r.wav, b.wav)
+            if n < PERCEPTUAL_ITEMS:
+                row["mcd_db"] = M.mel_cepstral_distortion(r.wav, b.wav, SAMPLE_RATE)
+                row["pesq"] = M.pesq_wb(r.wav, b.wav, SAMPLE_RATE)
+                row["stoi"] = M.stoi(r.wav, b.wav, SAMPLE_RATE)
+                row["speaker_similarity"] = M.speaker_similarity(r.wav, b.wav, SAMPLE_RATE)
         rows.append(row)
         if n < AUDIO_ITEMS:
             _write_wav(audio_dir / f"{item.id}.reference.wav", r.wav)
@@ -81,6 +89,10 @@ def run(ctx: StepContext) -> dict[str, Any]:
             first = {"text_ids": text_ids, "prompt": prompt, "tokens": r.tokens, "mel": r.mel}
 
     speed = _speed(ref, built, first, sampling, v["speed"], ctx)
+    if first:
+        speed["first_chunk"] = _first_chunk(ref, built, first, v["speed"])
+        speed["throughput"] = _throughput(built, frontend, items, sampling)
+    speed["peak_rss_mb"] = _peak_rss_mb()
     checks = {}
     for s in p["stages"]:
         checks[s] = json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text())
@@ -90,7 +102,9 @@ def run(ctx: StepContext) -> dict[str, Any]:
         failures.append(f"end-to-end token sequences identical on {quality['tokens_identical']}/{len(rows)} items")
     checks["pipeline"] = {"stage": "pipeline", "passed": not failures, "failures": failures, "metrics": quality}
     report = {
-        "schema": REPORT_SCHEMA, "stages": {s: {"backend": p["backends"][s]} for s in p["stages"]},
+        "schema": REPORT_SCHEMA,
+        "stages": {s: {"backend": p["backends"][s], "precision": p.get("precisions", {}).get(s, "fp32")}
+                   for s in p["stages"]},
         "checks": checks, "speed": speed, "items": rows, "threads": threads,
         "audio": sorted(f.name for f in audio_dir.iterdir()),
     }
@@ -126,16 +140,57 @@ def _speed(ref: Pipeline, built: Pipeline, first: dict[str, Any], sampling: Samp
     return out
 
 
+def _first_chunk(ref: Pipeline, built: Pipeline, first: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+    """Streaming first-chunk latency: LLM to 25+3 tokens, flow on them, HiFT on the first hop's frames."""
+    text_ids, prompt = first["text_ids"], first["prompt"]
+    cap = Sampling(mode="greedy", max_tokens=FIRST_CHUNK_TOKENS)
+
+    def chunk(p: Pipeline) -> None:
+        toks = p.llm.generate(text_ids, prompt, cap)
+        mel = p.flow.mel(toks, prompt)[:, : 2 * 25]
+        p.hift.wav(mel, 0)
+
+    r = _timed(lambda: chunk(ref), spec["warmup"], spec["runs"])[0]
+    b = _timed(lambda: chunk(built), spec["warmup"], spec["runs"])[0]
+    return {"reference_s": r, "built_s": b, "speedup": r / b if b else 0.0, "tokens": FIRST_CHUNK_TOKENS}
+
+
+def _throughput(built: Pipeline, frontend: Any, items: Any, sampling: Sampling) -> dict[str, Any]:
+    """Audio seconds synthesized per wall second by the build at concurrency 1, 2 and 4."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    inputs = [frontend.item_inputs(i) for i in items]
+    out = {}
+    for conc in (1, 2, 4):
+        jobs = [inputs[k % len(inputs)] for k in range(conc * 2)]
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(conc) as pool:
+            wavs = list(pool.map(lambda a: built.synthesize(a[0], a[1], sampling).wav, jobs))
+        wall = time.perf_counter() - t0
+        audio = sum(len(w) for w in wavs) / SAMPLE_RATE
+        out[str(conc)] = {"requests": len(jobs), "wall_s": wall, "audio_s_per_s": audio / wall if wall else 0.0}
+    return out
+
+
+def _peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def mean(key: str) -> float | None:
         vals = [r[key] for r in rows if key in r and np.isfinite(r[key])]
         return float(np.mean(vals)) if vals else None
 
     def minimum(key: str) -> float | None:
-        vals = [r[key] for r in rows if key in r]
+        vals = [r[key] for r in rows if key in r and not np.isnan(r[key])]
         return float(np.min(vals)) if vals else None
 
-    return {"items": len(rows), "tokens_identical": sum(r["tokens_identical"] for r in rows),
+    same = sum(r["tokens_identical"] for r in rows)
+    return {"items": len(rows), "tokens_identical": same, "tokens_identical_ratio": same / max(len(rows), 1),
+            "mcd_db_mean": mean("mcd_db"), "pesq_mean": mean("pesq"), "stoi_mean": mean("stoi"),
+            "speaker_similarity_mean": mean("speaker_similarity"), "mr_stft_distance_mean": mean("mr_stft_distance"),
             "token_edit_distance_mean": mean("token_edit_distance"), "mel_snr_db_min": minimum("mel_snr_db"),
             "waveform_snr_db_min": minimum("waveform_snr_db"), "log_mel_l1_mean": mean("log_mel_l1"),
             "duration_ratio_mean": mean("duration_ratio")}

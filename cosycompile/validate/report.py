@@ -58,12 +58,18 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
         lines += [f"## Speed (same run, {report.get('threads', '?')} threads, median of {speed.get('runs')} "
                   f"after {speed.get('warmup')} warm-up; first eval item, {speed.get('audio_seconds', 0):.2f} s audio)", ""]
         srows = [[k, v["reference_s"] * 1000, v["built_s"] * 1000, v["speedup"]]
-                 for k, v in speed.items() if isinstance(v, dict)]
+                 for k, v in speed.items() if isinstance(v, dict) and "reference_s" in v]
         lines += _table(["part", "reference ms", "built ms", "speed-up (x)"], srows)
         e2e = speed.get("end_to_end", {})
         if e2e:
             lines += ["", f"Real-time factor: reference {_fmt(e2e.get('rtf_reference'))}, "
                           f"built {_fmt(e2e.get('rtf_built'))}."]
+        tp = speed.get("throughput", {})
+        if tp:
+            lines += ["Throughput of the build (audio s per wall s): "
+                      + ", ".join(f"concurrency {c}: {_fmt(v['audio_s_per_s'])}" for c, v in tp.items()) + "."]
+        if "peak_rss_mb" in speed:
+            lines += [f"Peak host memory (RSS) of the validation process: {speed['peak_rss_mb']:.0f} MB."]
         llm = speed.get("llm", {})
         if "per_token_built_ms" in llm:
             lines += [f"LLM per token: reference {_fmt(llm['per_token_reference_ms'])} ms, "
@@ -76,6 +82,12 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
                         [[r["id"], f"{r['tokens_ref']}/{r['tokens_built']}", r["tokens_identical"],
                           r.get("mel_snr_db"), r.get("waveform_snr_db"), r.get("log_mel_l1"), r.get("duration_ratio")]
                          for r in items])
+        lines.append("")
+    steps = report.get("build_steps", {})
+    if steps:
+        lines += ["## Build steps", ""]
+        lines += _table(["step", "key", "seconds (when built)"],
+                        [[n, v.get("key", "")[:12], v.get("seconds")] for n, v in steps.items()])
         lines.append("")
     if report.get("audio"):
         lines += ["Audio (reference and built, side by side): " + ", ".join(f"audio/{a}" for a in report["audio"]), ""]
@@ -136,6 +148,7 @@ def render_bundle(bundle: Any, baselines: dict[str, dict[str, Any]] | None = Non
     if manifest.is_file():
         m = json.loads(manifest.read_text())
         title = f"{m.get('recipe')} ({m.get('model')}, target {m.get('target')})"
+        report = dict(report, build_steps=m.get("steps", {}))
     # Bundle files may be hard links into the cache: write new files and rename over, never in place.
     md = bundle / ".report.md.tmp"
     md.write_text(render_markdown(report, title))
