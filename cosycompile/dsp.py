@@ -1,8 +1,13 @@
-"""Signal processing used at run time, in numpy only (a built pipeline runs without torch).
+"""Signal processing used at run time, in numpy (scipy only for resampling).
 
-- :func:`mel_spectrogram`: CosyVoice2's 80-bin log-mel at 24 kHz (n_fft 1920, hop 480, no centring).
-- :func:`istft`: the inverse STFT HiFT needs after its network (n_fft 16, hop 4), equal to torch.istft.
-- :func:`whisper_log_mel` and :func:`kaldi_fbank`: the features of the speech tokenizer and CAM++.
+A built pipeline must run where torch and librosa are not installed, so nothing here imports
+them; the tests check every function against torch / librosa / torchaudio-style references.
+
+- :func:`mel_spectrogram`: CosyVoice2's 80-bin log-mel at 24 kHz (Matcha-TTS ``mel_spectrogram``).
+- :func:`istft`: the inverse STFT HiFT applies after its network (n_fft 16, hop 4), as ``torch.istft``.
+- :func:`whisper_log_mel`: the speech tokenizer's input (Whisper's ``log_mel_spectrogram``).
+- :func:`kaldi_fbank`: CAM++'s input (``torchaudio.compliance.kaldi.fbank`` defaults, dither 0).
+- :func:`resample`: polyphase resampling between the 16 kHz front end and 24 kHz audio.
 """
 
 from __future__ import annotations
@@ -11,132 +16,267 @@ from functools import lru_cache
 from math import gcd
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+__all__ = [
+    "hann",
+    "mel_filterbank",
+    "mel_spectrogram",
+    "istft",
+    "stft",
+    "whisper_log_mel",
+    "kaldi_fbank",
+    "resample",
+]
 
 
-def hann(n: int) -> np.ndarray:
-    """Periodic Hann window (as torch.hann_window / scipy 'hann' with fftbins=True)."""
-    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(n) / n)).astype(np.float64)
+def hann(n: int, periodic: bool = True) -> np.ndarray:
+    """Hann window of length ``n`` in float64.
+
+    ``periodic=True`` is ``torch.hann_window(n)`` (the STFT convention: denominator ``n``);
+    ``periodic=False`` is the symmetric window (denominator ``n - 1``) that Kaldi's Povey window uses.
+    """
+    if n <= 1:
+        return np.ones(max(n, 0))
+    denom = n if periodic else n - 1
+    return 0.5 - 0.5 * np.cos(2.0 * np.pi * np.arange(n) / denom)
 
 
-def _hz_to_mel_slaney(f: np.ndarray) -> np.ndarray:
+# -- Slaney mel scale (librosa's default, htk=False) -------------------------------------------
+
+_F_SP = 200.0 / 3          # Hz per mel below the break
+_MIN_LOG_HZ = 1000.0
+_MIN_LOG_MEL = _MIN_LOG_HZ / _F_SP
+_LOGSTEP = np.log(6.4) / 27.0
+
+
+def _hz_to_mel_slaney(f: np.ndarray | float) -> np.ndarray:
     f = np.asarray(f, dtype=np.float64)
-    lin = f / (200.0 / 3)
-    log_part = 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0)
-    return np.where(f >= 1000.0, log_part, lin)
+    # The floor only silences log(0) in the branch np.where discards.
+    log_part = _MIN_LOG_MEL + np.log(np.maximum(f, 1e-10) / _MIN_LOG_HZ) / _LOGSTEP
+    return np.where(f >= _MIN_LOG_HZ, log_part, f / _F_SP)
 
 
-def _mel_to_hz_slaney(m: np.ndarray) -> np.ndarray:
+def _mel_to_hz_slaney(m: np.ndarray | float) -> np.ndarray:
     m = np.asarray(m, dtype=np.float64)
-    lin = m * (200.0 / 3)
-    log_part = 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0))
-    return np.where(m >= 15.0, log_part, lin)
+    log_part = _MIN_LOG_HZ * np.exp(_LOGSTEP * (m - _MIN_LOG_MEL))
+    return np.where(m >= _MIN_LOG_MEL, log_part, m * _F_SP)
 
 
-@lru_cache(maxsize=8)
-def mel_filterbank(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
-    """Slaney-scale, Slaney-normalised triangular filters [n_mels, n_fft//2+1] (librosa's defaults)."""
-    freqs = np.linspace(0, sr / 2, n_fft // 2 + 1)
-    mels = _mel_to_hz_slaney(np.linspace(_hz_to_mel_slaney(fmin), _hz_to_mel_slaney(fmax), n_mels + 2))
-    fdiff = np.diff(mels)
-    ramps = mels[:, None] - freqs[None, :]
-    lower = -ramps[:-2] / fdiff[:-1, None]
-    upper = ramps[2:] / fdiff[1:, None]
-    weights = np.maximum(0, np.minimum(lower, upper))
-    weights *= (2.0 / (mels[2: n_mels + 2] - mels[:n_mels]))[:, None]
-    return weights.astype(np.float32)
+@lru_cache(maxsize=16)
+def mel_filterbank(sr: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None) -> np.ndarray:
+    """Triangular mel filters [n_mels, n_fft//2 + 1], float32, equal to ``librosa.filters.mel`` defaults.
+
+    Slaney mel scale (``htk=False``) and Slaney area normalisation (``norm='slaney'``), so each
+    filter integrates to roughly the same energy. ``fmax=None`` means ``sr / 2``. The returned
+    array is cached and read-only.
+    """
+    fmax = sr / 2.0 if fmax is None else float(fmax)
+    fft_freqs = np.fft.rfftfreq(n_fft, d=1.0 / sr)
+    edges = _mel_to_hz_slaney(np.linspace(_hz_to_mel_slaney(fmin), _hz_to_mel_slaney(fmax), n_mels + 2))
+    widths = np.diff(edges)
+    ramps = edges[:, None] - fft_freqs[None, :]
+    rising = -ramps[:-2] / widths[:-1, None]
+    falling = ramps[2:] / widths[1:, None]
+    weights = np.maximum(0.0, np.minimum(rising, falling))
+    weights *= (2.0 / (edges[2:] - edges[:-2]))[:, None]
+    out = weights.astype(np.float32)
+    out.setflags(write=False)
+    return out
 
 
-def _frames(x: np.ndarray, n_fft: int, hop: int) -> np.ndarray:
-    n = 1 + (len(x) - n_fft) // hop
-    if n <= 0:
-        return np.zeros((0, n_fft), x.dtype)
-    idx = np.arange(n_fft)[None, :] + hop * np.arange(n)[:, None]
-    return x[idx]
+def _frames(x: np.ndarray, size: int, hop: int) -> np.ndarray:
+    """Strided view [..., n_frames, size] of the last axis (no copy); zero frames if too short."""
+    if x.shape[-1] < size:
+        return np.zeros(x.shape[:-1] + (0, size), x.dtype)
+    return sliding_window_view(x, size, axis=-1)[..., ::hop, :]
 
 
 def mel_spectrogram(wav: np.ndarray, sr: int = 24000, n_fft: int = 1920, hop: int = 480, n_mels: int = 80,
                     fmin: float = 0.0, fmax: float = 8000.0) -> np.ndarray:
-    """CosyVoice2's log-mel [n_mels, T]: reflect pad (n_fft-hop)/2, |STFT| with 1e-9, log(max(x, 1e-5))."""
-    x = np.asarray(wav, dtype=np.float64).reshape(-1)
+    """CosyVoice2's log-mel feature [..., n_mels, T] (natural log of mel-weighted magnitude).
+
+    Matcha-TTS ``mel_spectrogram`` as CosyVoice2's yaml configures it: reflect-pad ``(n_fft - hop)//2``
+    on both sides, frames of ``n_fft`` with a periodic Hann window and no centring, magnitude
+    ``sqrt(|X|^2 + 1e-9)``, librosa's Slaney filter bank (fmin 0, fmax 8 kHz), ``log(max(x, 1e-5))``.
+    T = (len + 2*pad - n_fft) // hop + 1, i.e. len // 480 frames at the defaults. Leading axes of
+    ``wav`` are kept as batch axes. Computed in float64, returned as float32.
+    """
+    x = np.asarray(wav, dtype=np.float64)
     pad = (n_fft - hop) // 2
-    x = np.pad(x, (pad, pad), mode="reflect") if len(x) > pad else np.pad(x, (pad, pad))
-    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=1)
+    widths = [(0, 0)] * (x.ndim - 1) + [(pad, pad)]
+    # torch's reflect pad needs pad < length; very short clips get zeros instead of an error.
+    x = np.pad(x, widths, mode="reflect" if x.shape[-1] > pad else "constant")
+    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=-1)
     mag = np.sqrt(spec.real**2 + spec.imag**2 + 1e-9)
-    mel = mel_filterbank(sr, n_fft, n_mels, fmin, fmax) @ mag.T
+    mel = mel_filterbank(sr, n_fft, n_mels, fmin, fmax).astype(np.float64) @ np.swapaxes(mag, -1, -2)
     return np.log(np.maximum(mel, 1e-5)).astype(np.float32)
 
 
-def istft(magnitude: np.ndarray, phase: np.ndarray, n_fft: int = 16, hop: int = 4) -> np.ndarray:
-    """Inverse STFT of ``magnitude * exp(i * phase)`` [B, F, N] -> [B, (N-1)*hop], as torch.istft(center=True).
+def stft(wav: np.ndarray, n_fft: int = 16, hop: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(magnitude, phase) [..., n_fft//2 + 1, N] of ``torch.stft(center=True, pad_mode='reflect')``.
 
-    Frames ``k, k+r, k+2r, ...`` (r = n_fft/hop) do not overlap each other, so overlap-add is r
-    vectorised passes instead of a loop over every frame.
+    Periodic Hann window of length ``n_fft``; the inverse of :func:`istft`. The source branch of
+    HiFT runs this on its excitation, so it is here for completeness and for round-trip tests.
     """
-    assert n_fft % hop == 0, "n_fft must be a multiple of hop"
-    spec = magnitude.astype(np.float64) * np.exp(1j * phase.astype(np.float64))
-    window = hann(n_fft)
-    frames = np.fft.irfft(spec, n=n_fft, axis=1) * window[None, :, None]  # [B, n_fft, N]
-    B, _, N = frames.shape
-    length = n_fft + hop * (N - 1)
-    out = np.zeros((B, length))
-    wsum = np.zeros(length)
-    r = n_fft // hop
-    for k in range(min(r, N)):
-        sel = np.arange(k, N, r)
-        start = k * hop
-        stop = start + len(sel) * n_fft
-        out[:, start:stop] += frames[:, :, sel].transpose(0, 2, 1).reshape(B, -1)
-        wsum[start:stop] += np.tile(window**2, len(sel))
+    x = np.asarray(wav, dtype=np.float64)
     half = n_fft // 2
-    out, wsum = out[:, half: length - half], wsum[half: length - half]
-    return (out / np.where(wsum > 1e-11, wsum, 1.0)).astype(np.float32)
+    x = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(half, half)], mode="reflect")
+    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=-1)
+    spec = np.swapaxes(spec, -1, -2)
+    return np.abs(spec), np.angle(spec)
+
+
+def _overlap_add(frames: np.ndarray, hop: int) -> np.ndarray:
+    """Sum frames [..., N, n_fft] placed ``hop`` apart -> [..., n_fft + hop*(N-1)].
+
+    Each frame is cut into ceil(n_fft/hop) hop-long blocks; block k of frame t lands on output
+    block t+k, so the sum is ceil(n_fft/hop) shifted vectorised adds instead of N scalar loops.
+    """
+    *lead, N, n_fft = frames.shape
+    r = -(-n_fft // hop)
+    if r * hop != n_fft:
+        frames = np.concatenate([frames, np.zeros((*lead, N, r * hop - n_fft), frames.dtype)], axis=-1)
+    blocks = frames.reshape(*lead, N, r, hop)
+    out = np.zeros((*lead, N + r - 1, hop), frames.dtype)
+    for k in range(r):
+        out[..., k: k + N, :] += blocks[..., k, :]
+    return out.reshape(*lead, (N + r - 1) * hop)[..., : n_fft + hop * (N - 1)]
+
+
+def _window_envelope(window: np.ndarray, hop: int, N: int) -> np.ndarray:
+    """Overlap-added squared window for N frames, via prefix sums over the window's hop blocks."""
+    n_fft = len(window)
+    r = -(-n_fft // hop)
+    w2 = np.zeros(r * hop)
+    w2[:n_fft] = window**2
+    prefix = np.concatenate([np.zeros((1, hop)), np.cumsum(w2.reshape(r, hop), axis=0)])
+    # Output block j collects window block k from frame j - k, for every k with 0 <= j - k < N.
+    j = np.arange(N + r - 1)
+    env = prefix[np.minimum(j, r - 1) + 1] - prefix[np.maximum(j - N + 1, 0)]
+    return env.reshape(-1)[: n_fft + hop * (N - 1)]
+
+
+def istft(magnitude: np.ndarray, phase: np.ndarray, n_fft: int = 16, hop: int = 4) -> np.ndarray:
+    """Inverse STFT of ``magnitude * exp(1j * phase)`` [..., F, N] -> [..., hop * (N - 1)] samples.
+
+    Equal to ``torch.istft(torch.complex(mag*cos(phase), mag*sin(phase)), n_fft, hop, n_fft,
+    window=torch.hann_window(n_fft), center=True)``: irfft of each frame (imaginary parts of the
+    DC and Nyquist bins ignored), periodic Hann synthesis window, overlap-add, division by the
+    overlap-added squared window, and ``n_fft // 2`` samples trimmed at each end. Where that
+    window sum vanishes (torch raises there) samples are left undivided.
+
+    Runs in the inputs' precision: float32 in, float32 arithmetic (as torch does, and about 10x
+    faster for the trigonometry); float64 in, float64 throughout. Returns float32 either way.
+    HiFT calls it with ``magnitude = min(exp(x), 100)`` and ``phase = sin(y)``.
+    """
+    mag, ph = np.asarray(magnitude), np.asarray(phase)
+    if mag.shape != ph.shape:
+        raise ValueError(f"istft: magnitude {mag.shape} and phase {ph.shape} differ")
+    bins = n_fft // 2 + 1
+    if mag.ndim < 2 or mag.shape[-2] != bins:
+        raise ValueError(f"istft: expected [..., {bins}, frames] for n_fft={n_fft}, got {mag.shape}")
+    real = np.result_type(mag.dtype, ph.dtype, np.float32)
+    if real not in (np.float32, np.float64):
+        real = np.dtype(np.float64)
+    N = mag.shape[-1]
+    if N == 0:
+        return np.zeros(mag.shape[:-2] + (0,), np.float32)
+    # Frames along the last (contiguous) axis: pocketfft is far faster on many short rows than
+    # on a strided middle axis, and writing into this buffer does the transpose for free.
+    m = np.swapaxes(mag, -1, -2).astype(real, copy=False)
+    p = np.swapaxes(ph, -1, -2).astype(real, copy=False)
+    spec = np.empty(m.shape, np.complex64 if real == np.float32 else np.complex128)
+    spec.real = m * np.cos(p)
+    spec.imag = m * np.sin(p)
+    window = hann(n_fft)
+    frames = np.fft.irfft(spec, n=n_fft, axis=-1) * window.astype(real)
+    signal = _overlap_add(frames, hop)
+    envelope = _window_envelope(window, hop, N)
+    half = n_fft // 2
+    end = signal.shape[-1] - half
+    signal, envelope = signal[..., half:end], envelope[half:end]
+    return (signal / np.where(envelope > 1e-11, envelope, 1.0).astype(real)).astype(np.float32, copy=False)
 
 
 def resample(wav: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
-    """Polyphase resampling by the reduced ratio sr_out/sr_in."""
-    if sr_in == sr_out:
-        return np.asarray(wav, dtype=np.float32)
-    from scipy.signal import resample_poly
+    """Resample the last axis from ``sr_in`` to ``sr_out`` Hz (float32).
 
-    g = gcd(sr_in, sr_out)
-    return resample_poly(np.asarray(wav, dtype=np.float64), sr_out // g, sr_in // g).astype(np.float32)
+    ``scipy.signal.resample_poly`` with the ratio reduced by the gcd (24 kHz -> 16 kHz is 2/3),
+    i.e. a Kaiser-windowed FIR low-pass; output length ceil(len * sr_out / sr_in).
+    """
+    if sr_in <= 0 or sr_out <= 0:
+        raise ValueError(f"resample: sample rates must be positive, got {sr_in} -> {sr_out}")
+    x = np.asarray(wav)
+    if sr_in == sr_out:
+        return x.astype(np.float32, copy=False)
+    from scipy.signal import resample_poly  # scipy's import is slow; only pay it when resampling
+
+    g = gcd(int(sr_in), int(sr_out))
+    return resample_poly(x.astype(np.float64), sr_out // g, sr_in // g, axis=-1).astype(np.float32)
 
 
 def whisper_log_mel(wav16k: np.ndarray, n_mels: int = 128) -> np.ndarray:
-    """Whisper's log-mel [n_mels, T] at 16 kHz (n_fft 400, hop 160, centred, last frame dropped)."""
-    x = np.asarray(wav16k, dtype=np.float64).reshape(-1)
+    """Whisper's normalised log-mel [n_mels, T] of 16 kHz audio, as CosyVoice2's speech tokenizer takes.
+
+    n_fft 400, hop 160, periodic Hann, centred frames with reflect padding, last frame dropped
+    (T = len // 160), power spectrum, librosa Slaney mel bank (``librosa.filters.mel(sr=16000,
+    n_fft=400, n_mels)``), ``log10(max(x, 1e-10))``, dynamic range clipped to 8 (i.e. 80 dB) below
+    the maximum, then ``(x + 4) / 4``. No 30 s padding (CosyVoice passes ``padding=0``).
+    """
     n_fft, hop = 400, 160
-    x = np.pad(x, (n_fft // 2, n_fft // 2), mode="reflect" if len(x) > n_fft // 2 else "constant")
-    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=1)[:-1]
-    power = (np.abs(spec) ** 2).T
-    mel = mel_filterbank(16000, n_fft, n_mels, 0.0, 8000.0) @ power
+    x = np.asarray(wav16k, dtype=np.float64).reshape(-1)
+    half = n_fft // 2
+    x = np.pad(x, (half, half), mode="reflect" if len(x) > half else "constant")
+    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=-1)[:-1]
+    power = spec.real**2 + spec.imag**2
+    mel = mel_filterbank(16000, n_fft, n_mels).astype(np.float64) @ power.T
     log = np.log10(np.maximum(mel, 1e-10))
-    log = np.maximum(log, log.max() - 8.0) if log.size else log
+    if log.size:
+        log = np.maximum(log, log.max() - 8.0)
     return ((log + 4.0) / 4.0).astype(np.float32)
 
 
-def kaldi_fbank(wav16k: np.ndarray, num_mel_bins: int = 80) -> np.ndarray:
-    """Kaldi-style log fbank [T, num_mel_bins] (25 ms/10 ms, DC removal, pre-emphasis 0.97, Povey window).
+@lru_cache(maxsize=4)
+def _kaldi_mel_banks(num_bins: int, n_fft: int, sr: float, low: float, high: float) -> np.ndarray:
+    """Kaldi's HTK-mel triangles [num_bins, n_fft//2] on the FFT bin frequencies (no Nyquist bin)."""
+    def mel(f: np.ndarray | float) -> np.ndarray:
+        return 1127.0 * np.log1p(np.asarray(f, dtype=np.float64) / 700.0)
 
-    Input is float audio in [-1, 1] as CosyVoice passes it (no 16-bit rescaling); dither is 0.
+    # Edges are equally spaced in mel; each triangle spans two steps, peaking at 1 (no area norm).
+    edges = np.linspace(mel(low), mel(high), num_bins + 2)
+    bin_mel = mel(np.arange(n_fft // 2) * sr / n_fft)[None, :]
+    left, center, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    out = np.maximum(0.0, np.minimum((bin_mel - left) / (center - left), (right - bin_mel) / (right - center)))
+    out.setflags(write=False)
+    return out
+
+
+def kaldi_fbank(wav16k: np.ndarray, num_mel_bins: int = 80) -> np.ndarray:
+    """Kaldi log-mel filterbank [T, num_mel_bins] of 16 kHz audio, as CAM++ takes it.
+
+    Equal to ``torchaudio.compliance.kaldi.fbank(wav[None], num_mel_bins=..., dither=0.0,
+    sample_frequency=16000)``: 25 ms frames every 10 ms with ``snip_edges`` (T = 1 + (len - 400)
+    // 160, none if shorter than 400 samples), per-frame DC removal, pre-emphasis 0.97 (first
+    sample against itself), Povey window (symmetric Hann ** 0.85), zero-padded 512-point FFT,
+    power spectrum, HTK-mel triangles from 20 Hz to 8 kHz, ``log(max(x, float32 eps))``.
+
+    Scale: the input is used as given. CosyVoice passes float audio in [-1, 1] straight from
+    ``torchaudio.load`` and so does this function; it does NOT multiply by 32768 as Kaldi's
+    command-line tools effectively do for 16-bit files. The difference is a constant
+    ``log(32768**2) = 20.79`` per bin (except where the eps floor binds), which the caller's
+    mean subtraction over time removes anyway.
     """
     sr, win, hop, n_fft = 16000, 400, 160, 512
     x = np.asarray(wav16k, dtype=np.float64).reshape(-1)
     frames = _frames(x, win, hop)
-    if len(frames) == 0:
+    if frames.shape[0] == 0:
         return np.zeros((0, num_mel_bins), np.float32)
     frames = frames - frames.mean(axis=1, keepdims=True)
-    frames = np.concatenate([frames[:, :1] * (1 - 0.97), frames[:, 1:] - 0.97 * frames[:, :-1]], axis=1)
-    povey = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(win) / (win - 1))) ** 0.85
-    spec = np.abs(np.fft.rfft(frames * povey, n=n_fft, axis=1)) ** 2
-    # HTK mel banks from 20 Hz to Nyquist, on the FFT bin centres (Kaldi's construction).
-    def mel(f: np.ndarray) -> np.ndarray:
-        return 1127.0 * np.log(1.0 + np.asarray(f) / 700.0)
-
-    lo, hi = mel(20.0), mel(sr / 2)
-    centers = np.linspace(lo, hi, num_mel_bins + 2)
-    bins = mel(np.arange(n_fft // 2) * sr / n_fft)
-    left, center, right = centers[:-2, None], centers[1:-1, None], centers[2:, None]
-    banks = np.maximum(0.0, np.minimum((bins - left) / (center - left), (right - bins) / (right - center)))
-    energies = spec[:, : n_fft // 2] @ banks.T
+    # Pre-emphasis with Kaldi's edge rule: sample 0 is treated as its own predecessor.
+    previous = np.concatenate([frames[:, :1], frames[:, :-1]], axis=1)
+    frames = (frames - 0.97 * previous) * hann(win, periodic=False) ** 0.85
+    spec = np.fft.rfft(frames, n=n_fft, axis=1)
+    power = spec.real**2 + spec.imag**2
+    energies = power[:, : n_fft // 2] @ _kaldi_mel_banks(num_mel_bins, n_fft, sr, 20.0, sr / 2).T
     return np.log(np.maximum(energies, np.finfo(np.float32).eps)).astype(np.float32)

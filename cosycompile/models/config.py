@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class SamplingConfig:
+    """CosyVoice's repetition-aware sampling (``ras_sampling``) settings from the yaml."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+@dataclass(frozen=True)
 class LLMConfig:
     """Qwen2 body (from CosyVoice-BlankEN/config.json) plus CosyVoice's speech heads."""
 
@@ -24,6 +34,10 @@ class LLMConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = True
+    # Decoding (Qwen2LM.inference defaults and the yaml's sampling entry).
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     @property
     def head_dim(self) -> int:
@@ -46,6 +60,7 @@ class FlowConfig:
     num_blocks: int = 6
     num_up_blocks: int = 4
     up_stride: int = 2
+    encoder_chunk_size: int = 25  # streaming chunk, in tokens (the yaml's encoder.static_chunk_size)
     # CFM
     inference_cfg_rate: float = 0.7
     n_timesteps: int = 10

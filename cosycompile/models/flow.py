@@ -32,7 +32,9 @@ class CausalConditionalCFM(nn.Module):
         self.rand_noise = torch.randn(1, cfg.output_size, cfg.noise_frames, generator=gen)
 
     @torch.inference_mode()
-    def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+    def forward(self, mu: torch.Tensor, mask: torch.Tensor, spks: torch.Tensor, cond: torch.Tensor,
+                streaming: bool = False) -> torch.Tensor:
+        """Mel [1, 80, T] from the encoder output ``mu`` [1, 80, T], speaker ``spks`` [1, 80], prompt ``cond``."""
         T = mu.shape[2]
         x = self.rand_noise[:, :, :T].to(mu.dtype)
         t_span = 1 - torch.cos(torch.linspace(0, 1, self.n_timesteps + 1) * 0.5 * math.pi)
@@ -40,7 +42,8 @@ class CausalConditionalCFM(nn.Module):
         zeros = torch.zeros_like
         for step in range(1, len(t_span)):
             v = self.estimator(torch.cat([x, x]), torch.cat([mask, mask]), torch.cat([mu, zeros(mu)]),
-                               torch.stack([t, t]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)]))
+                               torch.stack([t, t]), torch.cat([spks, zeros(spks)]), torch.cat([cond, zeros(cond)]),
+                               streaming=streaming)
             v = (1.0 + self.inference_cfg_rate) * v[:1] - self.inference_cfg_rate * v[1:]
             x = x + dt * v
             t = t + dt
@@ -57,7 +60,7 @@ class CausalMaskedDiffWithXvec(nn.Module):
         self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
         self.encoder = UpsampleConformerEncoder(cfg.input_size, cfg.encoder_size, cfg.attention_heads,
                                                 cfg.linear_units, cfg.num_blocks, cfg.num_up_blocks,
-                                                cfg.pre_lookahead_len, cfg.up_stride)
+                                                cfg.pre_lookahead_len, cfg.up_stride, cfg.encoder_chunk_size)
         self.encoder_proj = nn.Linear(cfg.encoder_size, cfg.output_size)
         self.decoder = CausalConditionalCFM(cfg)
 
@@ -69,14 +72,26 @@ class CausalMaskedDiffWithXvec(nn.Module):
 
     @torch.inference_mode()
     def inference(self, token: torch.Tensor, prompt_token: torch.Tensor, prompt_feat: torch.Tensor,
-                  embedding: torch.Tensor) -> torch.Tensor:
-        """Mel [1, 80, 2*N_new] of the new tokens; ``prompt_feat`` is [1, T_prompt, 80] as upstream."""
-        mu, spks = self.encode(torch.cat([prompt_token, token], dim=1), embedding)
+                  embedding: torch.Tensor, finalize: bool = True, streaming: bool = False) -> torch.Tensor:
+        """Mel [1, 80, T_new] of the new tokens, as upstream's ``flow.inference``.
+
+        ``prompt_feat`` is the prompt mel [1, T_prompt, 80] (time-major, as upstream passes it);
+        it conditions the first T_prompt frames. Unless ``finalize``, the last
+        ``pre_lookahead_len`` tokens only serve as look-ahead and produce no frames yet.
+        """
+        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        x = self.input_embedding(torch.clamp(torch.cat([prompt_token, token], dim=1), min=0))
+        if finalize:
+            h = self.encoder(x, streaming=streaming)
+        else:
+            n = self.cfg.pre_lookahead_len
+            h = self.encoder(x[:, :-n], context=x[:, -n:], streaming=streaming)
+        mu = self.encoder_proj(h).transpose(1, 2)
         n_prompt = prompt_feat.shape[1]
         cond = torch.zeros_like(mu)
         cond[:, :, :n_prompt] = prompt_feat.transpose(1, 2)
         mask = torch.ones(1, 1, mu.shape[2], dtype=mu.dtype)
-        return self.decoder(mu, mask, spks, cond)[:, :, n_prompt:]
+        return self.decoder(mu, mask, spks, cond, streaming=streaming)[:, :, n_prompt:]
 
 
 class FlowEncoderStep(nn.Module):

@@ -1,8 +1,9 @@
 """CosyVoice2's flow encoder: a conformer over token embeddings that emits two mel frames per token.
 
-Keys follow upstream's ``UpsampleConformerEncoder`` (wenet-style layer names). Only the
-non-streaming, unpadded (batch of one utterance) path is implemented: it is what offline
-synthesis and the exported graph use.
+Keys follow upstream's ``UpsampleConformerEncoder`` (wenet-style layer names). One utterance per
+batch (no padding mask). Non-streaming attention is full; ``streaming=True`` applies upstream's
+chunk masks (``static_chunk_size`` tokens before the upsampling, ``stride`` times that after), and
+``context`` carries the look-ahead tokens of a not-yet-final chunk.
 """
 
 from __future__ import annotations
@@ -15,26 +16,28 @@ from torch import nn
 
 
 class EspnetRelPositionalEncoding(nn.Module):
-    """Scales inputs by sqrt(d) and returns relative position embeddings for offsets -(T-1)..T-1."""
+    """Scales inputs by sqrt(d) and returns relative position embeddings for offsets T-1 .. -(T-1).
 
-    def __init__(self, d_model: int, max_len: int = 5000) -> None:
+    Upstream slices a precomputed 2*5000-1 row table (not a buffer, so not in the checkpoint);
+    computing the rows for the actual length gives the same values, keeps the exported graph free
+    of a 20 MB constant, and has no length limit.
+    """
+
+    def __init__(self, d_model: int) -> None:
         super().__init__()
         self.d_model = d_model
         self.xscale = math.sqrt(d_model)
-        pos = torch.arange(max_len, dtype=torch.float32)[:, None]
         div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-        pe_pos = torch.zeros(max_len, d_model)
-        pe_neg = torch.zeros(max_len, d_model)
-        pe_pos[:, 0::2], pe_pos[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
-        pe_neg[:, 0::2], pe_neg[:, 1::2] = torch.sin(-pos * div), torch.cos(-pos * div)
-        # Not a buffer upstream, so it is not in the checkpoint either.
-        self.pe = torch.cat([torch.flip(pe_pos, [0]), pe_neg[1:]], dim=0)[None]
+        self.register_buffer("div_term", div, persistent=False)
+
+    def position_encoding(self, size: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """[1, 2*size-1, d]: row k encodes relative position size-1-k (keys left of the query first)."""
+        pos = torch.arange(size - 1, -size, -1, device=like.device).to(torch.float32)
+        ang = pos[:, None] * self.div_term[None, :]
+        return torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(1, -1, self.d_model).to(like.dtype)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        T = x.size(1)
-        center = self.pe.size(1) // 2
-        pos_emb = self.pe[:, center - T + 1: center + T].to(x.dtype)
-        return x * self.xscale, pos_emb
+        return x * self.xscale, self.position_encoding(x.size(1), x)
 
 
 class LinearNoSubsampling(nn.Module):
@@ -50,7 +53,7 @@ class LinearNoSubsampling(nn.Module):
 
 
 class PreLookaheadLayer(nn.Module):
-    """Lets each frame see ``pre_lookahead_len`` future tokens (right zero padding at the end)."""
+    """Lets each token see ``pre_lookahead_len`` future tokens (zeros past the end, or ``context``)."""
 
     def __init__(self, channels: int, pre_lookahead_len: int = 3) -> None:
         super().__init__()
@@ -58,9 +61,13 @@ class PreLookaheadLayer(nn.Module):
         self.conv1 = nn.Conv1d(channels, channels, kernel_size=pre_lookahead_len + 1)
         self.conv2 = nn.Conv1d(channels, channels, kernel_size=3)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        x = F.pad(inputs.transpose(1, 2), (0, self.pre_lookahead_len))
-        x = F.leaky_relu(self.conv1(x))
+    def forward(self, inputs: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, T, C] -> [B, T, C]; ``context`` [B, <=L, C] are the embedded tokens after the chunk."""
+        x = inputs.transpose(1, 2)
+        n_ctx = 0 if context is None else context.size(1)
+        if n_ctx:
+            x = torch.cat([x, context.transpose(1, 2)], dim=2)
+        x = F.leaky_relu(self.conv1(F.pad(x, (0, self.pre_lookahead_len - n_ctx))))
         x = self.conv2(F.pad(x, (self.conv2.kernel_size[0] - 1, 0)))
         return x.transpose(1, 2) + inputs
 
@@ -68,26 +75,29 @@ class PreLookaheadLayer(nn.Module):
 class RelPositionMultiHeadedAttention(nn.Module):
     """Transformer-XL style attention with learned biases u, v over relative positions."""
 
-    def __init__(self, n_head: int, n_feat: int) -> None:
+    def __init__(self, n_head: int, n_feat: int, key_bias: bool = True) -> None:
         super().__init__()
         self.h, self.d_k = n_head, n_feat // n_head
         self.linear_q = nn.Linear(n_feat, n_feat)
-        self.linear_k = nn.Linear(n_feat, n_feat)
+        self.linear_k = nn.Linear(n_feat, n_feat, bias=key_bias)
         self.linear_v = nn.Linear(n_feat, n_feat)
         self.linear_out = nn.Linear(n_feat, n_feat)
         self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
         self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
         self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
+        nn.init.xavier_uniform_(self.pos_bias_u)
+        nn.init.xavier_uniform_(self.pos_bias_v)
 
     @staticmethod
     def rel_shift(x: torch.Tensor) -> torch.Tensor:
-        """Turn scores over offsets (2T-1 columns) into scores over key positions (T columns)."""
+        """Scores over offsets (2T-1 columns) -> scores over key positions (T columns)."""
         b, h, t1, n = x.shape
-        x = torch.cat([torch.zeros(b, h, t1, 1, dtype=x.dtype), x], dim=-1)
+        x = torch.cat([torch.zeros(b, h, t1, 1, dtype=x.dtype, device=x.device), x], dim=-1)
         x = x.view(b, h, n + 1, t1)[:, :, 1:].reshape(b, h, t1, n)
         return x[:, :, :, : n // 2 + 1]
 
-    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask`` (bool, [B, 1 or T, T]) marks the keys each query may attend to; None = all."""
         B, T, _ = x.shape
         q = self.linear_q(x).view(B, T, self.h, self.d_k)
         k = self.linear_k(x).view(B, T, self.h, self.d_k).transpose(1, 2)
@@ -95,7 +105,12 @@ class RelPositionMultiHeadedAttention(nn.Module):
         p = self.linear_pos(pos_emb).view(pos_emb.size(0), -1, self.h, self.d_k).transpose(1, 2)
         ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
         bd = self.rel_shift(torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1)))
-        attn = torch.softmax((ac + bd) / math.sqrt(self.d_k), dim=-1)
+        scores = (ac + bd) / math.sqrt(self.d_k)
+        if mask is None:
+            attn = torch.softmax(scores, dim=-1)
+        else:
+            blocked = ~mask[:, None]
+            attn = torch.softmax(scores.masked_fill(blocked, -float("inf")), dim=-1).masked_fill(blocked, 0.0)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(B, T, self.h * self.d_k)
         return self.linear_out(out)
 
@@ -121,13 +136,13 @@ class ConformerEncoderLayer(nn.Module):
         self.norm_ff = nn.LayerNorm(size, eps=1e-12)
         self.norm_mha = nn.LayerNorm(size, eps=1e-12)
 
-    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm_mha(x), pos_emb)
+    def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.norm_mha(x), pos_emb, mask)
         return x + self.feed_forward(self.norm_ff(x))
 
 
 class Upsample1D(nn.Module):
-    """Nearest-neighbour x2 then a causal (left-padded) conv."""
+    """Nearest-neighbour x stride, then a causal (left-padded) conv."""
 
     def __init__(self, channels: int, out_channels: int, stride: int = 2) -> None:
         super().__init__()
@@ -139,11 +154,19 @@ class Upsample1D(nn.Module):
         return self.conv(F.pad(x, (self.stride * 2, 0)))
 
 
+def chunk_mask(size: int | torch.Tensor, chunk: int, device: torch.device | None = None) -> torch.Tensor:
+    """[1, T, T] bool: frame i sees every frame of its own chunk and of all earlier chunks."""
+    idx = torch.arange(size, device=device)
+    return (idx[None, :] < (torch.div(idx, chunk, rounding_mode="floor") + 1)[:, None] * chunk)[None]
+
+
 class UpsampleConformerEncoder(nn.Module):
     def __init__(self, input_size: int, output_size: int, attention_heads: int, linear_units: int, num_blocks: int,
-                 num_up_blocks: int = 4, pre_lookahead_len: int = 3, up_stride: int = 2) -> None:
+                 num_up_blocks: int = 4, pre_lookahead_len: int = 3, up_stride: int = 2,
+                 static_chunk_size: int = 25) -> None:
         super().__init__()
         self._output_size = output_size
+        self.static_chunk_size = static_chunk_size
         self.embed = LinearNoSubsampling(input_size, output_size)
         self.pre_lookahead_layer = PreLookaheadLayer(output_size, pre_lookahead_len)
         self.encoders = nn.ModuleList(
@@ -157,14 +180,23 @@ class UpsampleConformerEncoder(nn.Module):
     def output_size(self) -> int:
         return self._output_size
 
-    def forward(self, xs: torch.Tensor) -> torch.Tensor:
-        """[B, N, input_size] token embeddings -> [B, 2N, output_size] (all frames valid)."""
+    def forward(self, xs: torch.Tensor, context: torch.Tensor | None = None, streaming: bool = False) -> torch.Tensor:
+        """[B, N, input_size] token embeddings -> [B, stride*N, output_size].
+
+        ``context`` [B, <=pre_lookahead_len, input_size]: embeddings of the tokens that follow
+        (only the look-ahead conv reads them; they produce no frames).
+        """
         xs, pos_emb = self.embed(xs)
-        xs = self.pre_lookahead_layer(xs)
+        if context is not None and context.size(1) > 0:
+            context = self.embed.out(context) * self.embed.pos_enc.xscale
+        mask = chunk_mask(xs.size(1), self.static_chunk_size, xs.device) if streaming else None
+        xs = self.pre_lookahead_layer(xs, context)
         for layer in self.encoders:
-            xs = layer(xs, pos_emb)
+            xs = layer(xs, pos_emb, mask)
         xs = self.up_layer(xs.transpose(1, 2)).transpose(1, 2)
         xs, pos_emb = self.up_embed(xs)
+        if streaming:
+            mask = chunk_mask(xs.size(1), self.static_chunk_size * self.up_layer.stride, xs.device)
         for layer in self.up_encoders:
-            xs = layer(xs, pos_emb)
+            xs = layer(xs, pos_emb, mask)
         return self.after_norm(xs)

@@ -242,6 +242,11 @@ class HiFTGenerator(nn.Module):
         mag, phase = self.spectrum(mel, self.source(mel, rand_ini, noise))
         return torch.clamp(self.istft(mag, phase), -self.cfg.audio_limit, self.cfg.audio_limit)
 
+    def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+        """Same as :meth:`inference` (mel [B, 80, T] -> wav [B, T*480])."""
+        return self.inference(mel, rand_ini, noise)
+
 
 class HiFTNetStep(nn.Module):
     """Export wrapper: ``(mel [1,80,T], rand_ini [1,H], noise [1,T*480,H]) -> (magnitude, phase)``."""

@@ -30,10 +30,13 @@ _STAGE_FILES = {"llm": ("cosyvoice2.yaml", "llm.pt", f"{QWEN_DIR}/config.json"),
 
 @dataclass
 class LoadedModels:
+    """The networks of the requested stages (None for the others), eval mode, float32."""
+
     config: ModelConfig
     llm: Any = None
     flow: Any = None
     hift: Any = None
+    model_dir: Path | None = None
 
 
 def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
@@ -127,11 +130,26 @@ def _match(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -> Non
                          f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
 
 
-def load_models(model_dir: Path, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
-    """Networks of ``stages`` from a model dir, in eval mode, float32, strictly loaded."""
+def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
+    """Networks of ``stages`` from a model dir, in eval mode, float32, strictly loaded.
+
+    ``model_dir`` may also be a ``builtin:<name>`` spec: it is written to a temporary dir with
+    :func:`init_model` first and loaded from there, exactly like a real checkpoint.
+    """
+    if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
+            loaded = load_models(init_model(model_dir, Path(tmp) / "model"), stages)
+        loaded.model_dir = None
+        return loaded
     model_dir = Path(model_dir)
+    stages = tuple(stages)
+    unknown = [s for s in stages if s not in BUILDERS]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(BUILDERS)}")
     cfg = read_model_config(model_dir)
-    out = LoadedModels(cfg)
+    out = LoadedModels(cfg, model_dir=model_dir)
     for stage in stages:
         net = BUILDERS[stage](cfg)
         path = model_dir / f"{stage}.pt"
@@ -270,21 +288,43 @@ def _init_weights(net: nn.Module, std: float = 0.02) -> None:
             nn.init.zeros_(m.bias)
 
 
+@torch.no_grad()
+def _voice_f0_predictor(hift: nn.Module, mean_hz: float = 150.0, spread_hz: float = 25.0) -> None:
+    """Centre the random F0 predictor on a speaking pitch.
+
+    With small random weights it predicts ~0 Hz, below the 10 Hz voicing threshold, so the NSF
+    sine source (the part of HiFT most sensitive to numerics) would be silent in every test.
+    The classifier is rescaled on a probe mel so F0 ~ mean_hz +- spread_hz and follows the input.
+    """
+    probe = torch.randn(1, hift.cfg.in_channels, 200) * 1.5 - 5.0
+    h = hift.f0_predictor.condnet(probe).transpose(1, 2)
+    cls = hift.f0_predictor.classifier
+    proj = h @ cls.weight[0]
+    scale = spread_hz / max(float(proj.std()), 1e-6)
+    cls.weight.mul_(scale)
+    cls.bias.fill_(mean_hz - float(proj.mean()) * scale)
+
+
 def _write_frontend_standins(out: Path, seed: int) -> None:
     """Tiny ONNX models with the real campplus / speech tokenizer I/O signatures."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
     import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    # campplus: input [1, T, 80] -> mean over time -> linear to 192.
+    # campplus: input [1, T, 80] -> RMS over time -> affine to 192. (The front end subtracts the
+    # time mean from the fbank first, so a mean pooling would give the same vector for everyone.)
     w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
+    b = numpy_helper.from_array(rng.standard_normal(192).astype(np.float32), "b")
     g = helper.make_graph(
-        [helper.make_node("ReduceMean", ["input"], ["m"], axes=[1], keepdims=0),
-         helper.make_node("MatMul", ["m", "w"], ["embedding"])],
+        [helper.make_node("Mul", ["input", "input"], ["sq"]),
+         helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[1], keepdims=0),
+         helper.make_node("Sqrt", ["ms"], ["rms"]),
+         helper.make_node("MatMul", ["rms", "w"], ["proj"]),
+         helper.make_node("Add", ["proj", "b"], ["embedding"])],
         "campplus_standin",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 192])], [w])
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 192])], [w, b])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "campplus.onnx")
     # speech tokenizer: feats [1,128,T] -> 4-frame average pooling -> projection -> argmax ids (25 Hz).
     proj = numpy_helper.from_array(rng.standard_normal((128, 6561)).astype(np.float32), "proj")
@@ -325,10 +365,15 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
         (qdir / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True, default=str))
         (qdir / "generation_config.json").write_text(json.dumps({"do_sample": False}, indent=2))
         for i, stage in enumerate(("llm", "flow", "hift")):
-            torch.manual_seed(seed * 1000 + i)
-            net = BUILDERS[stage](cfg)
-            if stage != "llm":  # the LLM keeps transformers' own initialisation
-                _init_weights(net)
+            with torch.random.fork_rng():  # seeded weights without touching the caller's RNG
+                torch.manual_seed(seed * 1000 + i)
+                net = BUILDERS[stage](cfg)
+                if stage == "flow":
+                    _init_weights(net)
+                if stage == "hift":
+                    # PyTorch's default init, as a fresh upstream HiFT has (its normal(0, 0.01) init never
+                    # reaches the weight-normed convs): small weights would silence the source path.
+                    _voice_f0_predictor(net)
             torch.save(net.state_dict(), tmp / f"{stage}.pt")
             del net
         _write_frontend_standins(tmp, seed)

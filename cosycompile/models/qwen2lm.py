@@ -56,6 +56,78 @@ class Qwen2LM(nn.Module):
         """The ``transformers`` Qwen2ForCausalLM."""
         return self.llm.model
 
+    def prompt_embeddings(self, text: torch.Tensor, prompt_text: torch.Tensor | None = None,
+                          prompt_speech_token: torch.Tensor | None = None) -> torch.Tensor:
+        """``[sos | text (prompt text first) | task_id | prompt speech tokens]`` embeddings, [1, S, H]."""
+        if prompt_text is not None:
+            text = torch.cat([prompt_text, text], dim=1)
+        parts = [self.llm_embedding.weight[0:1], self.qwen.model.embed_tokens(text)[0], self.llm_embedding.weight[1:2]]
+        if prompt_speech_token is not None and prompt_speech_token.shape[1] > 0:
+            parts.append(self.speech_embedding(prompt_speech_token)[0])
+        return torch.cat(parts, dim=0)[None]
+
+    @torch.inference_mode()
+    def inference(self, text: torch.Tensor, prompt_text: torch.Tensor | None = None,
+                  prompt_speech_token: torch.Tensor | None = None, sampling: str = "ras", seed: int = 0,
+                  max_tokens: int | None = None) -> list[int]:
+        """Speech tokens for ``text`` [1, N] as upstream's ``Qwen2LM.inference`` decodes them.
+
+        Between 2x and 20x as many tokens as text tokens (prompt text excluded); the end token is
+        masked until the minimum is reached; decoding stops at any of the three stop tokens.
+        ``sampling`` is ``"ras"`` (CosyVoice's repetition-aware sampling, drawn from a
+        ``torch.Generator`` seeded with ``seed``) or ``"greedy"``. Reference only: one token per
+        full transformers forward with its own KV cache, no batching.
+        """
+        if sampling not in ("ras", "greedy"):
+            raise ValueError(f"sampling must be 'ras' or 'greedy', not {sampling!r}")
+        gen = torch.Generator(device=text.device).manual_seed(seed)
+        n_text = text.shape[1]
+        min_len = int(n_text * self.cfg.min_token_text_ratio)
+        max_len = int(n_text * self.cfg.max_token_text_ratio)
+        if max_tokens is not None:
+            max_len = min(max_len, max_tokens)
+        stop = {self.speech_token_size, self.speech_token_size + 1, self.speech_token_size + 2}
+        lm_input = self.prompt_embeddings(text, prompt_text, prompt_speech_token)
+        out: list[int] = []
+        cache = None
+        for i in range(max_len):
+            res = self.qwen(inputs_embeds=lm_input, past_key_values=cache, use_cache=True, output_hidden_states=True)
+            cache = res.past_key_values
+            logp = self.llm_decoder(res.hidden_states[-1][:, -1]).log_softmax(dim=-1)[0]
+            if i < min_len:
+                logp[self.speech_token_size] = -float("inf")
+            if sampling == "greedy":
+                token = int(logp.argmax())
+            else:
+                s = self.cfg.sampling
+                token = ras_sampling(logp, out, gen, s.top_p, s.top_k, s.win_size, s.tau_r)
+            if token in stop:
+                break
+            out.append(token)
+            lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
+        return out
+
+
+def ras_sampling(scores: torch.Tensor, decoded: list[int], generator: torch.Generator, top_p: float = 0.8,
+                 top_k: int = 25, win_size: int = 10, tau_r: float = 0.1) -> int:
+    """Repetition-aware sampling (VALL-E 2), as CosyVoice's ``ras_sampling``.
+
+    Nucleus sampling over at most ``top_k`` tokens; when the drawn token already occurs at least
+    ``win_size * tau_r`` times among the last ``win_size`` decoded tokens, it is banned and a token
+    is drawn from the full distribution instead. Draws come from ``generator`` only.
+    """
+    probs, order = scores.softmax(dim=0).sort(descending=True, stable=True)
+    # Keep adding tokens while the mass so far is below top_p (so the nucleus always has one).
+    before = torch.cumsum(probs, dim=0) - probs
+    keep = min(int((before < top_p).sum()), top_k)
+    pick = order[torch.multinomial(probs[:keep], 1, replacement=True, generator=generator)]
+    token = int(pick)
+    if decoded[-win_size:].count(token) >= win_size * tau_r:
+        scores = scores.clone()
+        scores[token] = -float("inf")
+        token = int(torch.multinomial(scores.softmax(dim=0), 1, replacement=True, generator=generator))
+    return token
+
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2

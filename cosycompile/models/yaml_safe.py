@@ -16,14 +16,14 @@ import ast
 import json
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..errors import ModelError
-from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig
+from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
 
 QWEN_DIR = "CosyVoice-BlankEN"
 
@@ -238,6 +238,7 @@ def _flow_config(flow: _Section) -> FlowConfig:
         encoder_size=enc.get("output_size", int), attention_heads=enc.get("attention_heads", int),
         linear_units=enc.get("linear_units", int), num_blocks=enc.get("num_blocks", int),
         num_up_blocks=enc.get("num_up_blocks", int, 4),
+        encoder_chunk_size=enc.get("static_chunk_size", int, 25),
         inference_cfg_rate=params.get("inference_cfg_rate", float, 0.7) if params else 0.7,
         estimator_in_channels=est.get("in_channels", int), channels=est.ints("channels"),
         attention_head_dim=est.get("attention_head_dim", int), n_blocks=est.get("n_blocks", int),
@@ -308,6 +309,11 @@ def read_model_config(model_dir: Path) -> ModelConfig:
     flow = top.sub("flow", "CausalMaskedDiffWithXvec")
     hift = top.sub("hift", "HiFTGenerator")
     llm_cfg = _llm_config(model_dir / QWEN_DIR / "config.json")
+    if "sampling" in llm.data:
+        smp = llm.sub("sampling", "ras_sampling")
+        llm_cfg = replace(llm_cfg, sampling=SamplingConfig(
+            top_p=smp.get("top_p", float, 0.8), top_k=smp.get("top_k", int, 25),
+            win_size=smp.get("win_size", int, 10), tau_r=smp.get("tau_r", float, 0.1)))
     for key in ("llm_input_size", "llm_output_size"):
         if key in llm.data and llm.get(key, int) != llm_cfg.hidden_size:
             llm.fail(f"{key} ({llm.data[key]}) differs from the Qwen2 hidden_size ({llm_cfg.hidden_size})")

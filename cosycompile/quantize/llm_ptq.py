@@ -1,0 +1,214 @@
+"""ModelOpt PyTorch PTQ of the speech-token LM, calibrated on the recorded reference inputs.
+
+Outputs (the step's data dir):
+- ``graphs.json`` + ``llm_step.onnx`` (+ embedding tables): a quantized decode step ONNX Runtime
+  runs on a CPU. int8_sq: ModelOpt's Q/DQ export (static per-tensor activations, per-channel
+  weights). int8_wo / int4_awq: ModelOpt's calibrated weights (AWQ scales and clipping applied,
+  fake-quant folded), packed into ONNX Runtime's MatMulNBits (8 or 4 bits, same block size).
+- ``hf/``: a ModelOpt unified HF checkpoint of the Qwen2 body (+ ``speech_heads.safetensors``).
+- ``trtllm/``: a TensorRT-LLM checkpoint (``config.json`` + ``rank0.safetensors``).
+
+The speech-token head (``llm_decoder``) and the embedding tables stay FP32: they are small and
+the head decides every token.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ModelError, RecipeError
+from ..graph import StepContext
+from ..graphs_dir import GraphsDir
+from ..stage_io import LLM_STEP
+from .calibrate import load_records
+
+_CONFIGS = {"int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG", "int4_awq": "INT4_AWQ_CFG",
+            "w4a8_awq": "W4A8_AWQ_BETA_CFG", "fp8": "FP8_DEFAULT_CFG"}
+_HF_ALGO_DTYPE = "float16"
+
+
+def quant_config(p: dict[str, Any]) -> dict[str, Any]:
+    """The ModelOpt config for the recipe's format, with its method, alpha and block size."""
+    import modelopt.torch.quantization as mtq
+
+    cfg = copy.deepcopy(getattr(mtq, _CONFIGS[p["format"]]))
+    fmt = p["format"]
+    if fmt == "int8_sq":
+        cfg["algorithm"] = {"method": "smoothquant", "alpha": p["alpha"]}
+    elif fmt in ("int4_awq", "w4a8_awq"):
+        cfg["algorithm"] = {"method": p["method"]} | ({"alpha_step": 0.1} if p["method"] == "awq_lite" else {})
+        rules = cfg["quant_cfg"]
+        items = rules if isinstance(rules, list) else [{"quantizer_name": k, "cfg": v} for k, v in rules.items()]
+        for rule in items:
+            if "weight_quantizer" not in str(rule.get("quantizer_name", "")):
+                continue
+            q = rule.get("cfg")
+            for e in q if isinstance(q, list) else [q]:
+                if isinstance(e, dict) and e.get("block_sizes"):
+                    bs = e["block_sizes"]
+                    bs[next(k for k in bs if str(k) == "-1")] = p["block_size"]
+    return cfg
+
+
+def _check_block_size(hidden: int, inter: int, p: dict[str, Any]) -> None:
+    if p["format"] in ("int4_awq", "w4a8_awq") and (hidden % p["block_size"] or inter % p["block_size"]):
+        raise RecipeError(f"stages.llm.quantize.block_size: {p['block_size']} does not divide the LM's input "
+                          f"features (hidden {hidden}, FFN {inter})")
+
+
+def _apply_exclusions(model: Any, patterns: list[str]) -> None:
+    import modelopt.torch.quantization as mtq
+
+    names = [n for n, _ in model.named_modules()]
+    for pat in patterns:
+        if not any(fnmatch.fnmatch(n, pat) for n in names):
+            raise RecipeError(f"stages.llm.quantize.exclude: '{pat}' matches no module of the LM "
+                              f"(names look like: {', '.join(names[5:8])}, ...)")
+        mtq.disable_quantizer(model, lambda n, pat=pat: fnmatch.fnmatch(n.rsplit(".", 1)[0], pat))
+
+
+def quantize(ctx: StepContext) -> dict[str, Any]:
+    """The ``llm.quantize`` step."""
+    import torch
+
+    import modelopt.torch.quantization as mtq
+
+    from ..models.loader import load_models
+    from ..stages.common import model_dir
+    from ..stages.llm import assets, info
+
+    p = ctx.params
+    torch.manual_seed(0)
+    models = load_models(model_dir(ctx), ("llm",))
+    lm = models.llm
+    c = models.config.llm
+    _check_block_size(c.hidden_size, c.intermediate_size, p)
+    records = load_records(ctx.inputs["calib"], LLM_STEP.name)[: p["calib_items"]] if "calib" in ctx.inputs else []
+    body = lm.qwen.model
+
+    def forward_loop(_: Any) -> None:
+        with torch.no_grad():
+            for r in ctx.progress(records, desc="calibration forward"):
+                body(inputs_embeds=torch.from_numpy(r["inputs_embeds"]))
+
+    if not records and p["format"] != "int8_wo":
+        raise ModelError("llm.quantize: no calibration records (the calibration set produced none)")
+    cfg = quant_config(p)
+    ctx.log(f"ModelOpt {_CONFIGS[p['format']]} ({cfg['algorithm']}) on {len(records)} sequences")
+    mtq.quantize(lm.qwen, cfg, forward_loop if records else None)
+    _apply_exclusions(lm.qwen, p["exclude"])
+    meta: dict[str, Any] = {"format": p["format"], "calib_sequences": len(records)}
+
+    if "hf" in p["exports"]:
+        meta["hf"] = _export_hf(copy.deepcopy(lm), ctx.out / "hf")
+    if "trtllm" in p["exports"]:
+        meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), ctx.out / "trtllm")
+    if "onnx" in p["exports"]:
+        meta["onnx"] = _export_onnx(lm, models, p, ctx)
+        gd = GraphsDir(ctx.out, "llm", {LLM_STEP.name: {"file": "llm_step.onnx", "inputs": list(LLM_STEP.inputs),
+                                                        "outputs": list(LLM_STEP.outputs), "precision": p["format"]}},
+                       {}, dict(info(models), precision=p["format"]))
+        for name, arr in assets(models).items():
+            np.save(ctx.out / f"{name}.npy", arr)
+            gd.assets[name] = f"{name}.npy"
+        gd.write()
+    else:  # checkpoint-only build (GPU recipes): still a graphs dir, with no graphs
+        GraphsDir(ctx.out, "llm", {}, {}, dict(info(models), precision=p["format"])).write()
+    (ctx.out / "quantization.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
+    return meta
+
+
+def _speech_heads(lm: Any) -> dict[str, Any]:
+    return {"llm_embedding.weight": lm.llm_embedding.weight.detach().clone(),
+            "speech_embedding.weight": lm.speech_embedding.weight.detach().clone(),
+            "llm_decoder.weight": lm.llm_decoder.weight.detach().clone(),
+            "llm_decoder.bias": lm.llm_decoder.bias.detach().clone()}
+
+
+def _export_hf(lm: Any, out: Path) -> dict[str, Any]:
+    """ModelOpt unified HF checkpoint of the Qwen2 body; CosyVoice's heads beside it."""
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    export_hf_checkpoint(lm.qwen, dtype=torch.float16, export_dir=str(out))
+    save_file(_speech_heads(lm), str(out / "speech_heads.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    return {"quantization_config": cfg.get("quantization_config")}
+
+
+def _export_trtllm(lm: Any, out: Path) -> dict[str, Any]:
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    export_tensorrt_llm_checkpoint(lm.qwen, decoder_type="qwen", dtype=torch.float16, export_dir=str(out),
+                                   inference_tensor_parallel=1)
+    save_file(_speech_heads(lm), str(out / "speech_heads.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    return {"quantization": cfg.get("quantization")}
+
+
+def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    import torch
+
+    import modelopt.torch.quantization as mtq
+
+    from ..models.qwen2lm import LLMDecodeStep
+    from ..onnx_tools import export_onnx
+
+    fmt = p["format"]
+    if fmt in ("fp8", "w4a8_awq"):
+        raise RecipeError(f"stages.llm.quantize.exports: format '{fmt}' has no CPU ONNX form; "
+                          "export 'hf' / 'trtllm' for TensorRT-LLM instead")
+    if fmt in ("int8_wo", "int4_awq"):
+        # Bake the calibrated weights (AWQ scaling and clipping included) into plain tensors; the
+        # activation-side AWQ scale stays as a Mul in front of each layer.
+        mtq.fold_weight(lm.qwen)
+    c = models.config.llm
+    step = LLMDecodeStep(lm).eval()
+    embeds = torch.randn(1, 3, c.hidden_size)
+    past = torch.randn(c.num_layers, 2, 1, c.num_kv_heads, 2, c.head_dim)
+    axes = {"inputs_embeds": {0: "batch", 1: "seq"}, "past_key_values": {2: "batch", 4: "past"},
+            "logits": {0: "batch", 1: "seq"}, "present_key_values": {2: "batch", 4: "total"}}
+    raw = ctx.out / ".llm_step.raw.onnx"
+    export_onnx(step, (embeds, past), raw, list(LLM_STEP.inputs), list(LLM_STEP.outputs), axes, p["opset"])
+    dst = ctx.out / "llm_step.onnx"
+    if fmt == "int8_sq":
+        raw.replace(dst)
+        return _op_counts(dst)
+    bits = 8 if fmt == "int8_wo" else 4
+    _pack_matmul_nbits(raw, dst, bits, p["block_size"])
+    raw.unlink()
+    return _op_counts(dst) | {"bits": bits, "block_size": p["block_size"]}
+
+
+def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None:
+    """Pack every MatMul weight of the LM body into MatMulNBits; the speech head stays FP32."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(src))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    head = producers[LLM_STEP.outputs[0]]
+    while head.op_type != "MatMul":  # logits <- Add(bias) <- MatMul(head weight)
+        head = next(producers[i] for i in head.input if i in producers)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
+                             nodes_to_exclude=[head.name])
+    q.process()
+    onnx.save_model(q.model.model, str(dst))
+
+
+def _op_counts(path: Path) -> dict[str, int]:
+    import onnx
+
+    ops = [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+    return {op: ops.count(op) for op in ("QuantizeLinear", "DequantizeLinear", "MatMulNBits", "MatMul")}
