@@ -20,7 +20,7 @@ from . import __version__
 from .backends import get_backend_info
 from .cache import Store
 from .dataset import load_dataset
-from .errors import ModelError
+from .errors import BackendUnavailable, ModelError
 from .graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
 from .hashing import tool_versions
 from .recipe import Recipe
@@ -96,7 +96,10 @@ class BuildPlan:
     stage_steps: dict[str, dict[str, Step]]
 
 
-def plan_build(recipe: Recipe) -> BuildPlan:
+STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
+
+
+def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
     """Every step the recipe needs, wired together (no work done, nothing heavy imported)."""
     target = TARGETS[recipe.target]
     model = model_input(recipe)
@@ -171,6 +174,10 @@ def plan_build(recipe: Recipe) -> BuildPlan:
                  + FRONTEND_FILES)
     final.files["eval"] = (eval_set.root, eval_files)
     steps = [final]
+    if until is not None:
+        # Partial build: per stage, the deepest step at or before ``until`` (no pipeline check, no bundle).
+        keep = STEP_ORDER[: STEP_ORDER.index(until) + 1]
+        steps = [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
     return BuildPlan(recipe, steps, final, stage_steps)
 
 
@@ -183,6 +190,14 @@ def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
     return check
 
 
+def _unavailable_preflight(stage: str, info: Any) -> Callable[[], None]:
+    def check() -> None:
+        raise BackendUnavailable(f"stage '{stage}': backend '{info.name}': {info.unavailable}; "
+                                 f"build everything before the engine with --until quantize")
+
+    return check
+
+
 def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graphs: Step, target: str,
                  suffix: str = "") -> Step:
     return Step(
@@ -191,6 +206,7 @@ def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graph
         params={"backend": info.name, "options": info.resolved_options(options), "precision": fmt},
         deps={"graphs": graphs}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
         tools=info.tools, target=target, describe=f"build the {stage} {fmt} engine with {info.name}",
+        preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
     )
 
 

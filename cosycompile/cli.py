@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "write the bundle builds/<name>-<key12>/ and print its report.")
     p.add_argument("recipe", type=Path, help="recipe YAML file")
     p.add_argument("--force", action="store_true", help="re-run every step even if cached")
+    p.add_argument("--until", choices=("export", "simplify", "quantize", "engine", "check"),
+                   help="stop after this step of every stage (no pipeline check, no bundle); e.g. "
+                        "--until quantize builds a GPU recipe's checkpoints and ONNX on a CPU machine")
     _add_common(p)
 
     p = sub.add_parser("plan", help="show the steps of a recipe, their keys, and which would run and why",
@@ -130,7 +133,8 @@ def _build_or_plan(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     recipe = load_recipe(args.recipe)
-    plan = plan_build(recipe)
+    until = getattr(args, "until", None)
+    plan = plan_build(recipe, until=until)
     store = Store(args.artifacts)
     reporter = Reporter(quiet=args.quiet)
     ex = executor(plan, store, reporter, force=args.force)
@@ -146,6 +150,12 @@ def _build_or_plan(args: argparse.Namespace) -> int:
         print(f"bundle: {bundle_dir(plan, store)}")
         return 0
     result = ex.run()
+    if until is not None:
+        ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
+        print(f"built {recipe.name} until '{until}' in {time.perf_counter() - t0:.1f}s; ran: {ran}")
+        for s in plan.steps:
+            print(f"  {s.name}: {result.entries[s.name].data}")
+        return 0
     bundle = assemble_bundle(plan, store, result)
     dt = time.perf_counter() - t0
     report = bundle / "report.md"

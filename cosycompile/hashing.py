@@ -107,6 +107,9 @@ def source_digest(sources: tuple[str, ...]) -> str:
     entries = []
     for rel in sources:
         p = PACKAGE_ROOT / rel
+        if not p.exists():  # e.g. a planned backend without an implementation yet
+            entries.append((rel, "absent"))
+            continue
         files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
         for f in files:
             entries.append((str(f.relative_to(PACKAGE_ROOT)), sha256_bytes(f.read_bytes())))

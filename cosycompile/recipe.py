@@ -303,8 +303,6 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         problem = info.check_target(TARGETS[recipe.target])
         if problem:
             raise RecipeError(f"{where}: backend '{info.name}' cannot build for target '{recipe.target}': {problem}")
-        if info.unavailable:
-            raise RecipeError(f"{where}: backend '{info.name}': {info.unavailable}")
         problem = info.check_options(spec.engine.options)
         if problem:
             key, msg = problem

@@ -109,7 +109,15 @@ def test_yaml_tags_rejected(tmp_path: Path) -> None:
     assert "tag" in msg
 
 
-def test_planned_backend_is_refused_plainly(tmp_path: Path) -> None:
+def test_planned_backend_loads_but_cannot_build_engines(tmp_path: Path) -> None:
+    from cosycompile.build import plan_build
+
     body = "target: l20\nstages:\n  llm: {enabled: false}\n  hift: {enabled: false}\n"
-    msg = _err(tmp_path, BASE + body + "  flow:\n    engine: {backend: tensorrt}\n")
-    assert "not part of this version" in msg
+    p = tmp_path / "gpu.yaml"
+    p.write_text(BASE + body + "  flow:\n    engine: {backend: tensorrt}\n")
+    plan = plan_build(load_recipe(p))
+    engine = plan.stage_steps["flow"]["engine"]
+    with pytest.raises(Exception, match="not part of this version.*--until quantize"):
+        engine.preflight()
+    partial = plan_build(load_recipe(p), until="quantize")
+    assert [s.name for s in partial.steps] == ["flow.simplify"]
