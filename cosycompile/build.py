@@ -154,6 +154,7 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
                 name, info, spec.engine.options, "fp32", simplify, target.name, suffix=".fp32")
         model.attach(check, sdef.model_files + FRONTEND_FILES)
         check.files["eval"] = (eval_set.root, eval_files)
+        check.preflight = _audio_preflight(eval_files)
         steps["check"] = check
         stage_steps[name] = steps
 
@@ -173,12 +174,22 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
     model.attach(final, tuple(sorted({f for s in recipe.enabled_stages() for f in STAGES[s].model_files}))
                  + FRONTEND_FILES)
     final.files["eval"] = (eval_set.root, eval_files)
+    final.preflight = _audio_preflight(eval_files)
     steps = [final]
     if until is not None:
         # Partial build: per stage, the deepest step at or before ``until`` (no pipeline check, no bundle).
         keep = STEP_ORDER[: STEP_ORDER.index(until) + 1]
         steps = [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
     return BuildPlan(recipe, steps, final, stage_steps)
+
+
+def _audio_preflight(files: list[Path]) -> Callable[[], None]:
+    def check() -> None:
+        from .dataset import check_audio
+
+        check_audio(files)
+
+    return check
 
 
 def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
@@ -230,6 +241,7 @@ def _calibrate_step(recipe: Recipe, model: ModelInput) -> Step | None:
     )
     model.attach(step, tuple(sorted({f for s in stages for f in STAGES[s].model_files})) + FRONTEND_FILES)
     step.files["calib"] = (calib_set.root, files)
+    step.preflight = _audio_preflight(files)
     return step
 
 
@@ -255,7 +267,19 @@ def _quantize_step(recipe: Recipe, stage: str, simplify: Step, calibrate: Step |
         step.deps["calib"] = calibrate
     if stage == "llm":
         model.attach(step, STAGES[stage].model_files)
+        if q.exclude:
+            source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
+            step.preflight = _llm_exclusion_preflight(source, list(q.exclude))
     return step
+
+
+def _llm_exclusion_preflight(source: Any, patterns: list[str]) -> Callable[[], None]:
+    def check() -> None:
+        from .quantize.llm_ptq import exclusion_preflight
+
+        exclusion_preflight(source, patterns)
+
+    return check
 
 
 def executor(plan: BuildPlan, store: Store, reporter: Reporter, force: bool = False) -> Executor:

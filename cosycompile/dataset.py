@@ -87,3 +87,18 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
     if wav.shape[0] == 0:
         raise DataError(f"{path}: audio file has no samples")
     return wav.mean(axis=1), int(sr)
+
+
+def check_audio(paths: list[Path]) -> None:
+    """Header check of every wav (cheap): unreadable audio is a DataError before any step runs."""
+    import soundfile as sf
+
+    for p in paths:
+        if p.suffix.lower() != ".wav":
+            continue
+        try:
+            info = sf.info(str(p))
+        except Exception as exc:  # soundfile raises several types for bad files
+            raise DataError(f"{p}: unreadable audio ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        if info.frames == 0:
+            raise DataError(f"{p}: audio file has no samples")

@@ -15,6 +15,8 @@ from torch import nn
 
 
 class SinusoidalPosEmb(nn.Module):
+    """Sinusoidal embedding of the flow time t in [0, 1] (scaled by 1000, as Matcha-TTS)."""
+
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim
@@ -27,6 +29,8 @@ class SinusoidalPosEmb(nn.Module):
 
 
 class TimestepEmbedding(nn.Module):
+    """Two-layer MLP on the time embedding; keys ``linear_1``, ``linear_2``."""
+
     def __init__(self, in_channels: int, time_embed_dim: int) -> None:
         super().__init__()
         self.linear_1 = nn.Linear(in_channels, time_embed_dim)
@@ -49,6 +53,8 @@ class CausalConv1d(nn.Conv1d):
 
 
 class Transpose(nn.Module):
+    """Swaps two dims inside an ``nn.Sequential`` (keeps upstream's Sequential indices)."""
+
     def __init__(self, dim0: int, dim1: int) -> None:
         super().__init__()
         self.dim0, self.dim1 = dim0, dim1
@@ -58,6 +64,8 @@ class Transpose(nn.Module):
 
 
 class CausalBlock1D(nn.Module):
+    """Causal conv -> LayerNorm over channels -> Mish, masked before and after."""
+
     def __init__(self, dim: int, dim_out: int) -> None:
         super().__init__()
         self.block = nn.Sequential(CausalConv1d(dim, dim_out, 3), Transpose(1, 2), nn.LayerNorm(dim_out),
@@ -68,6 +76,8 @@ class CausalBlock1D(nn.Module):
 
 
 class CausalResnetBlock1D(nn.Module):
+    """Two causal blocks plus the time embedding, with a 1x1 residual conv."""
+
     def __init__(self, dim: int, dim_out: int, time_emb_dim: int) -> None:
         super().__init__()
         self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
@@ -103,6 +113,8 @@ class Attention(nn.Module):
 
 
 class GELUProj(nn.Module):
+    """diffusers' ``GELU`` module: a projection followed by exact GELU; key ``proj``."""
+
     def __init__(self, dim_in: int, dim_out: int) -> None:
         super().__init__()
         self.proj = nn.Linear(dim_in, dim_out)
@@ -112,6 +124,8 @@ class GELUProj(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """diffusers' feed-forward: ``net.0`` GELU projection, ``net.2`` output projection."""
+
     def __init__(self, dim: int, mult: int = 4) -> None:
         super().__init__()
         self.net = nn.ModuleList([GELUProj(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim)])
@@ -123,6 +137,8 @@ class FeedForward(nn.Module):
 
 
 class BasicTransformerBlock(nn.Module):
+    """Matcha-TTS transformer block: pre-norm self-attention, pre-norm feed-forward."""
+
     def __init__(self, dim: int, heads: int, dim_head: int) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)

@@ -116,6 +116,8 @@ class RelPositionMultiHeadedAttention(nn.Module):
 
 
 class PositionwiseFeedForward(nn.Module):
+    """w_1 -> swish -> w_2, applied to every frame."""
+
     def __init__(self, idim: int, hidden: int) -> None:
         super().__init__()
         self.w_1 = nn.Linear(idim, hidden)
@@ -161,6 +163,8 @@ def chunk_mask(size: int | torch.Tensor, chunk: int, device: torch.device | None
 
 
 class UpsampleConformerEncoder(nn.Module):
+    """Conformer over tokens, x2 upsampling, conformer over frames (keys as upstream)."""
+
     def __init__(self, input_size: int, output_size: int, attention_heads: int, linear_units: int, num_blocks: int,
                  num_up_blocks: int = 4, pre_lookahead_len: int = 3, up_stride: int = 2,
                  static_chunk_size: int = 25) -> None:

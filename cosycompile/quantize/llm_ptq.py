@@ -62,14 +62,34 @@ def _check_block_size(hidden: int, inter: int, p: dict[str, Any]) -> None:
                           f"features (hidden {hidden}, FFN {inter})")
 
 
-def _apply_exclusions(model: Any, patterns: list[str]) -> None:
-    import modelopt.torch.quantization as mtq
-
-    names = [n for n, _ in model.named_modules()]
+def check_exclusions(names: list[str], patterns: list[str]) -> None:
+    """Every exclusion wildcard must match a module of the Qwen2 body; a dead pattern is a recipe error."""
     for pat in patterns:
         if not any(fnmatch.fnmatch(n, pat) for n in names):
             raise RecipeError(f"stages.llm.quantize.exclude: '{pat}' matches no module of the LM "
                               f"(names look like: {', '.join(names[5:8])}, ...)")
+
+
+def exclusion_preflight(model_dir_or_preset: Any, patterns: list[str]) -> None:
+    """Check exclusions against the network built on the meta device (no weights, no work)."""
+    import torch
+
+    from ..models.config import PRESETS, ModelConfig
+    from ..models.loader import read_model_config
+    from ..models.qwen2lm import Qwen2LM
+
+    cfg = model_dir_or_preset if isinstance(model_dir_or_preset, ModelConfig) else (
+        PRESETS[model_dir_or_preset] if isinstance(model_dir_or_preset, str) else read_model_config(model_dir_or_preset))
+    with torch.device("meta"):
+        lm = Qwen2LM(cfg.llm, cfg.speech_token_size)
+    check_exclusions([n for n, _ in lm.qwen.named_modules()], patterns)
+
+
+def _apply_exclusions(model: Any, patterns: list[str]) -> None:
+    import modelopt.torch.quantization as mtq
+
+    check_exclusions([n for n, _ in model.named_modules()], patterns)
+    for pat in patterns:
         mtq.disable_quantizer(model, lambda n, pat=pat: fnmatch.fnmatch(n.rsplit(".", 1)[0], pat))
 
 

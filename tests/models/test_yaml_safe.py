@@ -238,6 +238,12 @@ def test_builtin_yaml_round_trips(tmp_path: Path, preset: str) -> None:
     assert read_model_config(_model_dir(tmp_path, _yaml_text(cfg), qwen)) == cfg
 
 
+def test_sampling_settings_are_read(tmp_path: Path) -> None:
+    text = REAL_STYLE_YAML.replace("top_k: 25", "top_k: 50").replace("tau_r: 0.1", "tau_r: 0.2")
+    cfg = read_model_config(_model_dir(tmp_path, text))
+    assert (cfg.llm.sampling.top_k, cfg.llm.sampling.tau_r, cfg.llm.sampling.top_p) == (50, 0.2, 0.8)
+
+
 def test_builtin_model_dir_config(tiny_model_dir: Path) -> None:
     assert read_model_config(tiny_model_dir) == PRESETS["tiny"]
 

@@ -267,5 +267,6 @@ def test_token_edit_distance_known_values() -> None:
         table = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
         for i in range(1, len(a) + 1):
             for j in range(1, len(b) + 1):
-                table[i][j] = min(table[i - 1][j] + 1, table[i][j - 1] + 1, table[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+                substitute = table[i - 1][j - 1] + (a[i - 1] != b[j - 1])
+                table[i][j] = min(table[i - 1][j] + 1, table[i][j - 1] + 1, substitute)
         assert M.token_edit_distance(a, b)[0] == table[-1][-1]
