@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/cosycompile build recipes/cpu-fp32.yaml
+	$(VENV)/bin/cosycompile build recipes/cpu-int8.yaml
 
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider

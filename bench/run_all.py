@@ -1,0 +1,27 @@
+"""`make bench`: every benchmark of the project, each measuring its ratios within one run.
+
+Runs bench/quantized_speed.py for the INT8 and INT4 CPU recipes on builtin:random-0.5b and prints
+their tables; copy the figures into docs/BENCHMARKS.md together with the command and the machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    rc = 0
+    for recipe in ("cpu-int8", "cpu-int4"):
+        cmd = [sys.executable, str(REPO / "bench" / "quantized_speed.py"), "--recipe",
+               str(REPO / "recipes" / f"{recipe}.yaml")]
+        print("$", " ".join(cmd), flush=True)
+        rc |= subprocess.call(cmd)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The gate: baselines (two stored reports), fixed thresholds, a degraded build failing by name,
+and the report/plot/compare commands."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, run_cli, write_recipe
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_slower_than_baseline_beyond_margin_fails(tmp_path: Path) -> None:
+    res = run_cli("gate", str(DATA / "slower.report.json"), "--baseline", str(DATA / "baseline.report.json"),
+                  "--max-slowdown", "0.25")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "gate: FAIL" in res.stdout and "speed.end_to_end" in res.stdout and "40.0% slower" in res.stdout
+
+
+def test_slower_than_baseline_within_margin_passes() -> None:
+    res = run_cli("gate", str(DATA / "slower.report.json"), "--baseline", str(DATA / "baseline.report.json"),
+                  "--max-slowdown", "0.5")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "gate: PASS" in res.stdout
+
+
+def test_quality_drop_against_baseline(tmp_path: Path) -> None:
+    worse = json.loads((DATA / "baseline.report.json").read_text())
+    worse["checks"]["hift"]["metrics"]["waveform_snr_db_min"] = 20.0
+    p = tmp_path / "worse.json"
+    p.write_text(json.dumps(worse))
+    res = run_cli("gate", str(p), "--baseline", str(DATA / "baseline.report.json"), "--max-slowdown", "1")
+    assert res.returncode == 1 and "hift.waveform_snr_db" in res.stdout and "worse than baseline" in res.stdout
+
+
+def test_gate_bad_input_is_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text("{not json")
+    for args in (["gate", str(tmp_path / "x.json")], ["gate", str(tmp_path / "missing")],
+                 ["gate", str(DATA / "baseline.report.json"), "--max-slowdown", "-1"]):
+        res = run_cli(*args)
+        assert res.returncode == 2 and res.stderr.startswith("cosycompile: error:"), (args, res.stderr)
+        assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_list_metrics() -> None:
+    res = run_cli("gate", "--list-metrics")
+    assert res.returncode == 0 and "hift.waveform_snr_db" in res.stdout and "speed.end_to_end" in res.stdout
+
+
+def test_unknown_gate_metric_in_recipe_is_rejected(tmp_path: Path) -> None:
+    p = write_recipe(tmp_path / "r.yaml", f"extends: {REPO / 'recipes' / 'cpu-fp32.yaml'}\nname: r\n"
+                                          "validation:\n  gate:\n    min: {hift.snr: 30}\n")
+    res = run_cli("plan", str(p), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "unknown gate metric 'hift.snr'" in res.stderr and "r.yaml:5" in res.stderr
+
+
+@pytest.fixture(scope="module")
+def degraded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A build whose HiFT is quantized to INT8 (HiFT does not hold up in INT8) and the matching FP32 build."""
+    tmp = tmp_path_factory.mktemp("degraded")
+    art = tmp / "art"
+    common = {"calibration": {"max_items": 2}, "validation": {"max_items": 1}}
+    good = write_recipe(tmp / "good.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "good",
+                                            **common}, base=False)
+    bad = write_recipe(tmp / "bad.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "bad",
+                                          "stages": {"hift": {"quantize": {"format": "int8"},
+                                                              "check": {"min_snr_db": 0.0}}}, **common}, base=False)
+    return {"art": art, "good": run_cli("build", str(good), "--artifacts", str(art), "-q"),
+            "bad": run_cli("build", str(bad), "--artifacts", str(art), "-q")}
+
+
+def test_degraded_build_fails_the_gate_naming_the_metric(degraded: dict) -> None:
+    good, bad = degraded["good"], degraded["bad"]
+    assert good.returncode == 0 and "gate: PASS" in good.stdout, good.stdout[-2000:] + good.stderr[-2000:]
+    assert bad.returncode == 1, bad.stdout[-2000:] + bad.stderr[-2000:]
+    assert "gate: FAIL" in bad.stdout and "hift.waveform_snr_db" in bad.stdout and "short by" in bad.stdout
+
+
+def test_report_renders_plot_and_markdown(degraded: dict) -> None:
+    (bundle,) = (degraded["art"] / "builds").glob("good-*")
+    png = bundle / "quality_speed.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    md = (bundle / "report.md").read_text()
+    assert "| stage" in md and "Verdict: PASS" in md and "speed-up" in md
+    png.unlink()
+    res = run_cli("report", str(bundle))
+    assert res.returncode == 0 and png.is_file()
+    wavs = sorted(p.name for p in (bundle / "audio").glob("*.wav"))
+    assert any(w.endswith(".reference.wav") for w in wavs) and any(w.endswith(".built.wav") for w in wavs)
+
+
+def test_compare_two_builds(degraded: dict) -> None:
+    good = next((degraded["art"] / "builds").glob("good-*"))
+    bad = next((degraded["art"] / "builds").glob("bad-*"))
+    res = run_cli("compare", str(good), str(bad))
+    assert res.returncode == 0
+    row = next(line for line in res.stdout.splitlines() if line.startswith("hift.waveform_snr_db"))
+    assert row.split()[-1] == "A"
+
+
+def test_report_does_not_modify_the_cache(degraded: dict, tmp_path: Path) -> None:
+    from cosycompile.cache import Store
+
+    bundle = next((degraded["art"] / "builds").glob("good-*"))
+    run_cli("report", str(bundle))
+    count, bad = Store(degraded["art"]).verify_all(full=True)
+    assert count > 0 and bad == []
