@@ -311,7 +311,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                                   spec.export.opset)
         if qproblem:
             key, msg = qproblem
-            raise RecipeError(f"{located.where(('stages', name, 'quantize', key))}: {msg}")
+            raise RecipeError(f"{located.where(('stages', name, 'quantize', key))}: stages.{name}.quantize.{key}: {msg}")
         if name != "llm" and spec.quantize.exports != ["onnx"]:
             raise RecipeError(f"{located.where(('stages', name, 'quantize', 'exports'))}: "
                               f"checkpoint exports (hf, trtllm) exist for the llm stage only")

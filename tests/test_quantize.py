@@ -205,3 +205,9 @@ def test_flow_exclusion_matching_nothing(tmp_path: Path) -> None:
     assert rc == 2 and "/no_such_node/" in err and "matches no node" in err
     _one_line(err)
     _no_entries(art, {"flow.quantize", "flow.engine", "flow.check", "pipeline.check"})
+
+
+def test_autoawq_method_is_a_clear_error_when_it_cannot_run(tmp_path: Path) -> None:
+    rc, err, _ = _bad(tmp_path, "stages:\n  llm:\n    quantize: {format: int4_awq, method: autoawq}\n")
+    assert rc == 2 and "autoawq" in err and "stages.llm.quantize.method" in err
+    _one_line(err)

@@ -23,7 +23,7 @@ METHODS: dict[str, tuple[str, ...]] = {
     "int4": ("awq_clip", "awq_lite", "rtn_dq"),
     "int8_sq": ("max",),
     "int8_wo": ("max",),
-    "int4_awq": ("awq_lite", "awq_full", "awq_clip"),
+    "int4_awq": ("awq_lite", "awq_full", "awq_clip", "autoawq"),
     "w4a8_awq": ("awq_lite", "awq_full", "awq_clip"),
 }
 
@@ -39,6 +39,17 @@ def needs_calibration(fmt: str) -> bool:
     return fmt not in ("fp32", "int8_wo")
 
 
+def autoawq_problem() -> str | None:
+    """Why the optional AutoAWQ method cannot run here, or None (checked without importing it)."""
+    from importlib.util import find_spec
+
+    if find_spec("awq") is None:
+        return ("method 'autoawq' needs the optional AutoAWQ package (pip install 'cosycompile[autoawq]'); "
+                "ModelOpt's awq_lite/awq_full need nothing extra")
+    return ("method 'autoawq' is installed but not wired into this version: AutoAWQ's packed INT4 kernels "
+            "need a GPU and the project is deprecated upstream; use awq_lite or awq_full")
+
+
 def format_problem(stage: str, quant: Any, target: Target, backend: str, engine_options: dict[str, Any],
                    opset: int) -> tuple[str, str] | None:
     """(key, reason) when ``quant`` cannot be built for this stage/target/backend, else None."""
@@ -50,6 +61,10 @@ def format_problem(stage: str, quant: Any, target: Target, backend: str, engine_
         return None
     if quant.method is not None and quant.method not in METHODS[fmt]:
         return "method", f"format '{fmt}' cannot use method '{quant.method}' (supported: {', '.join(METHODS[fmt])})"
+    if quant.method == "autoawq":
+        problem = autoawq_problem()
+        if problem:
+            return "method", problem
     if target.kind == "gpu" and fmt in _NEEDS_SM89 and target.sm is not None and target.sm < (8, 9):
         return "format", (f"format '{fmt}' needs FP8 tensor cores (compute capability >= 8.9); "
                           f"target '{target.name}' is {target.sm_tag}")
