@@ -110,7 +110,6 @@ def main() -> int:
                    "mel_snr_db_quant_vs_torch": mel_snr_db(ref_mel, q_flow.mel(tokens, prompt)),
                    "mel_snr_db_fp32_engine_vs_torch": mel_snr_db(ref_mel, f_flow.mel(tokens, prompt)),
                    "precision": recipe.stage("flow").quantize.format}
-    del q_flow, f_flow, ref_flow
 
     # LLM decode step: per-token latency on a growing cache; logit cosine teacher-forced.
     q_llm = stage_runtime("llm", eng[("llm", "engine")], "onnxruntime", args.threads)
@@ -137,8 +136,8 @@ def main() -> int:
     dest = tmp / f"{base.name}.json"
     dest.write_text(json.dumps(out, indent=1))
     fl, ll = out["flow"], out["llm"]
-    print(f"| recipe | stage | format | FP32 engine | quantized engine | speed-up | quality vs PyTorch FP32 |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| recipe | stage | format | FP32 engine | quantized engine | speed-up | quality vs PyTorch FP32 |")
+    print("|---|---|---|---|---|---|---|")
     print(f"| {base.name} | flow estimator (T={T}, batch 2) | {fl['precision']} | {fl['fp32_engine_ms']:.1f} ms | "
           f"{fl['quant_engine_ms']:.1f} ms | {fl['speedup']:.2f}x | mel SNR {fl['mel_snr_db_quant_vs_torch']:.1f} dB "
           f"after 10 CFM steps (FP32 engine: {fl['mel_snr_db_fp32_engine_vs_torch']:.1f} dB) |")

@@ -4,7 +4,6 @@ and the report/plot/compare commands."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
