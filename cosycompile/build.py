@@ -144,7 +144,8 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
             params={"check": spec.check.model_dump(), "threads": threads, "sampling": sampling,
                     "max_items": recipe.validation.max_items, "backend": info.name, "precision": fmt},
             deps={"engine": engine}, sources=("models", src, "pipeline.py", "reference.py", "dsp.py",
-                                              "validate/metrics.py", "frontend.py", "dataset.py", "stages/common.py"),
+                                              "validate/metrics.py", "validate/speed.py", "frontend.py", "dataset.py",
+                                              "stages/common.py"),
             tools=TORCH_TOOLS + info.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",
         )

@@ -68,27 +68,14 @@ def engine_runtime(ctx: StepContext, stage: str) -> Any:
     return stage_runtime(stage, ctx.inputs["engine"], ctx.params["backend"], ctx.params["threads"])
 
 
-def timed_ms(fn: Any, warmup: int = 1, runs: int = 3) -> float:
-    """Median wall milliseconds of ``fn()`` after ``warmup`` calls."""
-    import time
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
-
-
 def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> dict[str, float]:
     """Speed of a quantized engine against the FP32 engine of the same backend, same run, same input."""
     if "fp32_engine" not in ctx.inputs:
         return {}
     from ..engines import stage_runtime
+    from ..validate.speed import timed
 
     fp32 = stage_runtime(stage, ctx.inputs["fp32_engine"], ctx.params["backend"], ctx.params["threads"])
-    fp32_ms = timed_ms(lambda: workload(fp32))
-    q_ms = timed_ms(lambda: workload(engine))
+    fp32_ms = 1000 * timed(lambda: workload(fp32))[0]
+    q_ms = 1000 * timed(lambda: workload(engine))[0]
     return {"fp32_engine_ms": fp32_ms, "engine_ms": q_ms, "speedup_vs_fp32": fp32_ms / q_ms if q_ms else 0.0}

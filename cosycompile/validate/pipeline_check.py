@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -16,23 +16,12 @@ from ..graph import StepContext
 from ..pipeline import Pipeline, Sampling
 from ..stages.common import model_dir
 from .report import REPORT_SCHEMA, render_markdown
+from .speed import timed
 
 SAMPLE_RATE = 24000
 AUDIO_ITEMS = 2
 PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slow metrics, bounded cost
 FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus 3 look-ahead tokens
-
-
-def _timed(fn: Callable[[], Any], warmup: int, runs: int) -> tuple[float, float]:
-    """(median, p90) wall seconds of ``fn`` after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), float(np.percentile(times, 90))
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
@@ -128,8 +117,8 @@ def _speed(ref: Pipeline, built: Pipeline, first: dict[str, Any], sampling: Samp
         "end_to_end": lambda p: p.synthesize(text_ids, prompt, sampling),
     }
     for name, fn in ctx.progress(list(cases.items()), desc="timing"):
-        r_med, r_p90 = _timed(lambda: fn(ref), w, n)
-        b_med, b_p90 = _timed(lambda: fn(built), w, n)
+        r_med, r_p90 = timed(lambda: fn(ref), w, n)
+        b_med, b_p90 = timed(lambda: fn(built), w, n)
         out[name] = {"reference_s": r_med, "reference_p90_s": r_p90, "built_s": b_med, "built_p90_s": b_p90,
                      "speedup": r_med / b_med if b_med > 0 else float("inf")}
     out["llm"]["per_token_built_ms"] = 1000 * out["llm"]["built_s"] / max(len(tokens), 1)
@@ -149,8 +138,8 @@ def _first_chunk(ref: Pipeline, built: Pipeline, first: dict[str, Any], spec: di
         mel = p.flow.mel(toks, prompt)[:, : 2 * 25]
         p.hift.wav(mel, 0)
 
-    r = _timed(lambda: chunk(ref), spec["warmup"], spec["runs"])[0]
-    b = _timed(lambda: chunk(built), spec["warmup"], spec["runs"])[0]
+    r = timed(lambda: chunk(ref), spec["warmup"], spec["runs"])[0]
+    b = timed(lambda: chunk(built), spec["warmup"], spec["runs"])[0]
     return {"reference_s": r, "built_s": b, "speedup": r / b if b else 0.0, "tokens": FIRST_CHUNK_TOKENS}
 
 
