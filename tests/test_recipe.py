@@ -121,3 +121,8 @@ def test_planned_backend_loads_but_cannot_build_engines(tmp_path: Path) -> None:
         engine.preflight()
     partial = plan_build(load_recipe(p), until="quantize")
     assert [s.name for s in partial.steps] == ["flow.simplify"]
+
+
+def test_onnx_int4_on_onnxruntime_cpu_is_refused(tmp_path: Path) -> None:
+    msg = _err(tmp_path, BASE + "stages:\n  flow:\n    quantize: {format: int4}\n")
+    assert "stages.flow.quantize.format" in msg and "use int8" in msg

@@ -69,6 +69,9 @@ def format_problem(stage: str, quant: Any, target: Target, backend: str, engine_
         return "format", (f"format '{fmt}' needs FP8 tensor cores (compute capability >= 8.9); "
                           f"target '{target.name}' is {target.sm_tag}")
     if target.kind == "cpu":
+        if fmt == "int4" and backend == "onnxruntime":
+            return "format", ("ModelOpt's ONNX INT4 output (blocked DequantizeLinear on Gemm weights) is rejected by "
+                              "ONNX Runtime CPU at run time; use int8 for flow/hift on cpu (int4 is for TensorRT)")
         if fmt == "w4a8_awq":
             return "format", "format 'w4a8_awq' has no CPU kernels (FP8 activations); use int4_awq or int8_sq on cpu"
         if fmt == "fp8" and backend == "onnxruntime":

@@ -53,6 +53,20 @@ def _reader_class() -> type:
     return type("RecordsReader", (_RecordsReader, CalibrationDataReader), {})
 
 
+def _common_length(records: list[dict[str, np.ndarray]], graph: str) -> list[dict[str, np.ndarray]]:
+    """Crop every record to the shortest one's frames: ModelOpt's INT4 AWQ concatenates activations
+    across records, so their time axes must agree (INT8/FP8 calibration accepts ragged records)."""
+    if graph == "flow_estimator":
+        T = min(r["x"].shape[2] for r in records)
+        return [{k: (v[:, :, :T] if k in ("x", "mask", "mu", "cond") else v) for k, v in r.items()} for r in records]
+    if graph == "hift":
+        T = min(r["mel"].shape[2] for r in records)
+        spf = records[0]["noise"].shape[1] // records[0]["mel"].shape[2]
+        return [{"mel": r["mel"][:, :, :T], "rand_ini": r["rand_ini"], "noise": r["noise"][:, : T * spf]}
+                for r in records]
+    return records
+
+
 def check_exclusions(onnx_path: Path, patterns: list[str], stage: str) -> list[str]:
     """Every exclusion regex must match at least one node name; a dead pattern is a recipe error."""
     import onnx
@@ -89,6 +103,8 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         records = load_records(ctx.inputs["calib"], name) if "calib" in ctx.inputs else []
         if not records:
             raise RecipeError(f"stages.{stage}.quantize: no calibration records for {name}")
+        if fmt == "int4":
+            records = _common_length(records, name)
         ctx.log(f"{name}: {fmt}/{p['method']} on {len(records)} recorded inputs")
         opset = max(p["opset"], 21) if fmt in ("fp8", "int4") else p["opset"]
         work = ctx.out / f".work-{name}"
