@@ -79,8 +79,8 @@ def test_gpu_recipe_flow_onnx_is_quantized(name: str, gpu_builds: dict) -> None:
     time_mlp = [n for n in model.graph.node if "/time_mlp/" in n.name and n.op_type in ("Gemm", "MatMul")]
     assert time_mlp and not any(i in consumers for n in time_mlp for i in n.input)
     graphs = json.loads((flow / "graphs.json").read_text())
-    assert graphs["graphs"]["flow_estimator"]["precision"] == name.split("-")[1].replace("int4", "int8")[:4] \
-        or graphs["info"]["precision"] in ("int8", "fp8")
+    expected = {"l20-int8": "int8", "l20-int4-awq": "int8", "h100-fp8": "fp8"}[name]
+    assert graphs["graphs"]["flow_estimator"]["precision"] == expected == graphs["info"]["precision"]
 
 
 @pytest.fixture(scope="module")
