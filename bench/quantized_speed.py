@@ -27,14 +27,11 @@ sys.path.insert(0, str(REPO))
 
 
 def median_ms(fn, warmup: int, runs: int) -> tuple[float, float]:
-    for _ in range(warmup):
-        fn()
-    t = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(t)), 1000 * float(np.percentile(t, 90))
+    """(median, p90) milliseconds, with the project's one timing helper."""
+    from cosycompile.validate.speed import timed
+
+    med, p90 = timed(fn, warmup, runs)
+    return 1000 * med, 1000 * p90
 
 
 def main() -> int:
