@@ -40,7 +40,7 @@ def reference_runtime(stage: str, models: Any) -> Any:
     impl = stage_impl(stage)
     mods = impl.graph_modules(models)
     runners = {io.name: TorchRunner(mods[io.name], io) for io in STAGE_GRAPHS[stage]}
-    assets = {k: v for k, v in impl.assets(models).items()}
+    assets = impl.assets(models)
     info = impl.info(models)
     if stage == "llm":
         return LLMRuntime(runners[LLM_STEP.name], assets, info)

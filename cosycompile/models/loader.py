@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -81,11 +81,12 @@ def _normalize_hift_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
-def _load_state(path: Path) -> dict[str, torch.Tensor]:
+def _load_state(path: Path, mmap: bool = False) -> Any:
+    """A checkpoint's state dict (memory-mapped for cheap checks); unreadable files are ModelErrors."""
     if not path.is_file():
         raise ModelError(f"{path}: checkpoint is missing")
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as exc:  # pickle/zip errors come in many types
         raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
     return sd
@@ -102,12 +103,7 @@ def check_checkpoint(model_dir: Path, stage: str) -> None:
     with torch.device("meta"):
         net = BUILDERS[stage](cfg)
     path = model_dir / f"{stage}.pt"
-    if not path.is_file():
-        raise ModelError(f"{path}: checkpoint is missing")
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # pickle/zip errors come in many types
-        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
+    sd = _load_state(path, mmap=True)
     _match(path, stage, net.state_dict(), _normalize_hift_keys(sd) if stage == "hift" else sd)
 
 
@@ -395,4 +391,4 @@ def count_parameters(net: nn.Module, exclude_weight_norm_gain: bool = True) -> i
 
 
 __all__ = ["LoadedModels", "MODEL_FILES", "count_parameters", "init_model", "load_models", "model_files",
-           "read_model_config", "replace"]
+           "read_model_config"]
