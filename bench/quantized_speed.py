@@ -47,11 +47,11 @@ def main() -> int:
 
     import yaml
 
-    from cosycompile.build import plan_build
-    from cosycompile.cache import Store
-    from cosycompile.engines import stage_runtime
-    from cosycompile.graph import Executor, Reporter, StateFile
-    from cosycompile.recipe import load_recipe
+    from cosycompile.plan import plan_build
+    from cosycompile.cache.local import Store
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.core.graph import Executor, Reporter, StateFile
+    from cosycompile.recipe.schema import load_recipe
     from cosycompile.validate.metrics import logit_cosine, mel_snr_db
 
     base = load_recipe(args.recipe)
@@ -78,7 +78,7 @@ def main() -> int:
            for k in ("engine", "engine_fp32") if k in plan.stage_steps[s]}
     mdir = result.entries["model"].data
 
-    from cosycompile.reference import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
 
     models = load_reference(mdir, ("llm", "flow"), args.threads)
     rng = np.random.default_rng(0)
@@ -97,7 +97,7 @@ def main() -> int:
     f_ms, f_p90 = median_ms(lambda: f_flow.estimator_call(*feeds), 1, args.runs)
     q_ms, q_p90 = median_ms(lambda: q_flow.estimator_call(*feeds), 1, args.runs)
     tokens = rng.integers(0, 6561, T // 2)
-    from cosycompile.pipeline import Prompt
+    from cosycompile.runtime.pipeline import Prompt
 
     prompt = Prompt.empty()
     prompt.embedding = rng.standard_normal(192).astype(np.float32)

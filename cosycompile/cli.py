@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import __version__
-from .errors import UserError
+from cosycompile import __version__
+from cosycompile.errors import UserError
 
 EPILOG = """\
 examples:
@@ -126,10 +126,10 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _build_or_plan(args: argparse.Namespace) -> int:
-    from .build import assemble_bundle, bundle_dir, executor, plan_build
-    from .cache import Store
-    from .graph import Reporter
-    from .recipe import load_recipe
+    from cosycompile.plan import assemble_bundle, bundle_dir, executor, plan_build
+    from cosycompile.cache.local.local import Store
+    from cosycompile.core.graph import Reporter
+    from cosycompile.recipe.schema.schema import load_recipe
 
     t0 = time.perf_counter()
     recipe = load_recipe(args.recipe)
@@ -171,7 +171,7 @@ def _build_or_plan(args: argparse.Namespace) -> int:
 
 def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dict, max_drop: float,
                 max_slowdown: float) -> int:
-    from .validate.gate import check_baseline, check_thresholds, findings_table, load_report
+    from cosycompile.validate.gate import check_baseline, check_thresholds, findings_table, load_report
 
     report = load_report(bundle)
     findings = check_thresholds(report, minimum, maximum)
@@ -188,7 +188,7 @@ def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dic
 def _gate(args: argparse.Namespace) -> int:
     import json
 
-    from .validate.gate import METRICS
+    from cosycompile.validate.gate import METRICS
 
     if args.list_metrics:
         for name, (_, higher, kind) in METRICS.items():
@@ -209,8 +209,8 @@ def _gate(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .validate.gate import load_report
-    from .validate.report import render_bundle
+    from cosycompile.validate.gate import load_report
+    from cosycompile.validate.report import render_bundle
 
     load_report(args.bundle)
     out = render_bundle(args.bundle)
@@ -220,7 +220,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from .validate.gate import METRICS, load_report, metric_values
+    from cosycompile.validate.gate import METRICS, load_report, metric_values
 
     a, b = metric_values(load_report(args.a)), metric_values(load_report(args.b))
     rows = [("metric", str(args.a.name), str(args.b.name), "better")]
@@ -239,7 +239,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _init_model(args: argparse.Namespace) -> int:
-    from .build import BUILTIN_MODELS, BUILTIN_PREFIX
+    from cosycompile.plan import BUILTIN_MODELS, BUILTIN_PREFIX
 
     name = args.spec[len(BUILTIN_PREFIX):] if args.spec.startswith(BUILTIN_PREFIX) else None
     if name not in BUILTIN_MODELS:
@@ -248,7 +248,7 @@ def _init_model(args: argparse.Namespace) -> int:
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out}: output exists and is not an empty folder")
-    from .models.loader import init_model
+    from cosycompile.models.loader import init_model
 
     init_model(args.spec, out, seed=args.seed)
     print(f"wrote {args.spec} (seed {args.seed}) to {out}")
@@ -256,7 +256,7 @@ def _init_model(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .cache import Store
+    from cosycompile.cache.local.local import Store
 
     if args.cache_command is None:
         parser.parse_args(["cache", "--help"])

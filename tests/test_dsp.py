@@ -1,4 +1,4 @@
-"""cosycompile.dsp against torch / librosa references written from the upstream definitions.
+"""cosycompile.runtime.dsp against torch / librosa references written from the upstream definitions.
 
 The runtime module is numpy-only; here torch and librosa stand in for Matcha-TTS's
 ``mel_spectrogram``, ``torch.istft`` as HiFT calls it, Whisper's ``log_mel_spectrogram`` and
@@ -87,7 +87,7 @@ def _kaldi_fbank_torch(wav: np.ndarray, num_bins: int = 80) -> np.ndarray:
 # -- tests ---------------------------------------------------------------------------------------
 
 def test_module_imports_without_torch_or_librosa() -> None:
-    code = ("import sys; import cosycompile.dsp as d; import numpy as np; "
+    code = ("import sys; import cosycompile.runtime.dsp as d; import numpy as np; "
             "d.mel_spectrogram(np.zeros(4800)); d.istft(np.ones((1, 9, 5)), np.zeros((1, 9, 5))); "
             "print(sorted(m for m in ('torch', 'librosa', 'torchaudio') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -102,7 +102,7 @@ def test_compare_two_builds(degraded: dict) -> None:
 
 
 def test_report_does_not_modify_the_cache(degraded: dict, tmp_path: Path) -> None:
-    from cosycompile.cache import Store
+    from cosycompile.cache.local import Store
 
     bundle = next((degraded["art"] / "builds").glob("good-*"))
     run_cli("report", str(bundle))

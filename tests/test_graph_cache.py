@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cosycompile.cache import Store
-from cosycompile.graph import Executor, Reporter, StateFile, Step, StepContext
+from cosycompile.cache.local import Store
+from cosycompile.core.graph import Executor, Reporter, StateFile, Step, StepContext
 
 CALLS: list[str] = []
 

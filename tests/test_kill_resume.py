@@ -57,6 +57,6 @@ def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
 
 
 def _verify(art: Path) -> tuple[int, list[str]]:
-    from cosycompile.cache import Store
+    from cosycompile.cache.local import Store
 
     return Store(art).verify_all(full=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cosycompile.errors import RecipeError
-from cosycompile.recipe import load_recipe
+from cosycompile.recipe.schema import load_recipe
 
 from helpers import REPO, write_recipe
 
@@ -110,7 +110,7 @@ def test_yaml_tags_rejected(tmp_path: Path) -> None:
 
 
 def test_planned_backend_loads_but_cannot_build_engines(tmp_path: Path) -> None:
-    from cosycompile.build import plan_build
+    from cosycompile.plan import plan_build
 
     body = "target: l20\nstages:\n  llm: {enabled: false}\n  hift: {enabled: false}\n"
     p = tmp_path / "gpu.yaml"

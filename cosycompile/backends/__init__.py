@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from ..targets import Target
-from .options import OnnxRuntimeOptions, TensorRTOptions, TrtLLMOptions
+from cosycompile.recipe.schema.targets import Target
+from cosycompile.backends.options import OnnxRuntimeOptions, TensorRTOptions, TrtLLMOptions
 
 
 @dataclass(frozen=True)

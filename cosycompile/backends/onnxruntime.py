@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..errors import BackendUnavailable
-from ..graphs_dir import copy_assets, read_graphs_dir
-from ..targets import Target
+from cosycompile.errors import BackendUnavailable
+from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.recipe.schema.targets import Target
 
 PASSPORT = "engine.json"
 _LEVELS = {

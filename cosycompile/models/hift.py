@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from .config import HiFTConfig
+from cosycompile.models.config import HiFTConfig
 
 
 def _padding(kernel: int, dilation: int = 1) -> int:

@@ -18,9 +18,9 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from ..errors import ModelError
-from .config import PRESETS, ModelConfig
-from .yaml_safe import read_model_config
+from cosycompile.errors import ModelError
+from cosycompile.models.config import PRESETS, ModelConfig
+from cosycompile.models.yaml_safe import read_model_config
 
 MODEL_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt")
 QWEN_DIR = "CosyVoice-BlankEN"
@@ -47,19 +47,19 @@ def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
 # -- networks ---------------------------------------------------------------------------------
 
 def build_llm(cfg: ModelConfig) -> nn.Module:
-    from .qwen2lm import Qwen2LM
+    from cosycompile.models.qwen2lm import Qwen2LM
 
     return Qwen2LM(cfg.llm, cfg.speech_token_size)
 
 
 def build_flow(cfg: ModelConfig) -> nn.Module:
-    from .flow import CausalMaskedDiffWithXvec
+    from cosycompile.models.flow import CausalMaskedDiffWithXvec
 
     return CausalMaskedDiffWithXvec(cfg.flow)
 
 
 def build_hift(cfg: ModelConfig) -> nn.Module:
-    from .hift import HiFTGenerator
+    from cosycompile.models.hift import HiFTGenerator
 
     return HiFTGenerator(cfg.hift)
 
@@ -355,7 +355,7 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
         (tmp / "cosyvoice2.yaml").write_text(_yaml_text(cfg))
         qdir = tmp / QWEN_DIR
         qdir.mkdir()
-        from .qwen2lm import qwen2_config
+        from cosycompile.models.qwen2lm import qwen2_config
 
         qcfg = qwen2_config(cfg.llm).to_dict()
         (qdir / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True, default=str))

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .config import LLMConfig
+from cosycompile.models.config import LLMConfig
 
 
 def qwen2_config(cfg: LLMConfig):  # -> transformers.Qwen2Config

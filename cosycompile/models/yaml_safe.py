@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import ModelError
-from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
+from cosycompile.errors import ModelError
+from cosycompile.models.config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
 
 QWEN_DIR = "CosyVoice-BlankEN"
 

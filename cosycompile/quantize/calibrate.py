@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Runner
-from ..graph import StepContext
-from ..stage_io import STAGE_GRAPHS
+from cosycompile.runtime.runner import Runner
+from cosycompile.core.graph import StepContext
+from cosycompile.stage_io import STAGE_GRAPHS
 
 INDEX = "index.json"
 
@@ -63,11 +63,11 @@ def load_records(calib_dir: Path, graph: str) -> list[dict[str, np.ndarray]]:
 
 def run(ctx: StepContext) -> dict[str, Any]:
     """The calibrate step: reference synthesis over the calibration set with recording runners."""
-    from ..dataset import load_dataset
-    from ..frontend import Frontend
-    from ..pipeline import Pipeline, Sampling
-    from ..reference import load_reference, reference_runtime
-    from ..stages.common import model_dir
+    from cosycompile.runtime.dataset import load_dataset
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.runtime.pipeline import Pipeline, Sampling
+    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.stages.common import model_dir
 
     p = ctx.params["calibration"]
     mdir = model_dir(ctx)

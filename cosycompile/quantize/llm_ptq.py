@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelError, RecipeError
-from ..graph import StepContext
-from ..graphs_dir import GraphsDir
-from ..stage_io import LLM_STEP
-from .calibrate import load_records
+from cosycompile.errors import ModelError, RecipeError
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.stage_io import LLM_STEP
+from cosycompile.quantize.calibrate import load_records
 
 _CONFIGS = {"int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG", "int4_awq": "INT4_AWQ_CFG",
             "w4a8_awq": "W4A8_AWQ_BETA_CFG", "fp8": "FP8_DEFAULT_CFG"}
@@ -74,9 +74,9 @@ def exclusion_preflight(model_dir_or_preset: Any, patterns: list[str]) -> None:
     """Check exclusions against the network built on the meta device (no weights, no work)."""
     import torch
 
-    from ..models.config import PRESETS, ModelConfig
-    from ..models.loader import read_model_config
-    from ..models.qwen2lm import Qwen2LM
+    from cosycompile.models.config import PRESETS, ModelConfig
+    from cosycompile.models.loader import read_model_config
+    from cosycompile.models.qwen2lm import Qwen2LM
 
     cfg = model_dir_or_preset if isinstance(model_dir_or_preset, ModelConfig) else (
         PRESETS[model_dir_or_preset] if isinstance(model_dir_or_preset, str) else read_model_config(model_dir_or_preset))
@@ -99,9 +99,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     import modelopt.torch.quantization as mtq
 
-    from ..models.loader import load_models
-    from ..stages.common import model_dir
-    from ..stages.llm import assets, info
+    from cosycompile.models.loader import load_models
+    from cosycompile.stages.common import model_dir
+    from cosycompile.stages.llm import assets, info
 
     p = ctx.params
     torch.manual_seed(0)
@@ -182,8 +182,8 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
 
     import modelopt.torch.quantization as mtq
 
-    from ..models.qwen2lm import LLMDecodeStep
-    from ..onnx_tools import export_onnx
+    from cosycompile.models.qwen2lm import LLMDecodeStep
+    from cosycompile.onnx.tools import export_onnx
 
     fmt = p["format"]
     if fmt in ("fp8", "w4a8_awq"):

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RecipeError
-from ..graph import StepContext
-from ..graphs_dir import copy_assets, link_or_copy, read_graphs_dir
-from .calibrate import load_records
+from cosycompile.errors import RecipeError
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+from cosycompile.quantize.calibrate import load_records
 
 QUANTIZED_GRAPHS = {"flow": ("flow_estimator",), "hift": ("hift",)}
 

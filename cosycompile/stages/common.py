@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import StepContext
-from ..graphs_dir import GraphsDir
-from ..stage_io import STAGE_GRAPHS
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.stage_io import STAGE_GRAPHS
 
 
 def model_dir(ctx: StepContext) -> Path:
@@ -25,7 +25,7 @@ def export_stage(ctx: StepContext, stage: str, modules: dict[str, Any], examples
                  dynamic_axes: dict[str, dict[str, dict[int, str]]], assets: dict[str, np.ndarray],
                  info: dict[str, Any]) -> dict[str, Any]:
     """Export every graph of ``stage`` to ONNX and write its assets and ``graphs.json``."""
-    from ..onnx_tools import export_onnx
+    from cosycompile.onnx.tools import export_onnx
 
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for io in STAGE_GRAPHS[stage]:
@@ -54,7 +54,7 @@ def write_check(ctx: StepContext, metrics: dict[str, Any], failures: list[str]) 
 
 def eval_items(ctx: StepContext) -> list[Any]:
     """The eval items the check uses (same head of the set as the pipeline check)."""
-    from ..dataset import load_dataset
+    from cosycompile.runtime.dataset import load_dataset
 
     files = ctx.files["eval"]
     root = ctx.file_roots["eval"]
@@ -63,7 +63,7 @@ def eval_items(ctx: StepContext) -> list[Any]:
 
 
 def engine_runtime(ctx: StepContext, stage: str) -> Any:
-    from ..engines import stage_runtime
+    from cosycompile.runtime.loading import stage_runtime
 
     return stage_runtime(stage, ctx.inputs["engine"], ctx.params["backend"], ctx.params["threads"])
 
@@ -72,8 +72,8 @@ def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> d
     """Speed of a quantized engine against the FP32 engine of the same backend, same run, same input."""
     if "fp32_engine" not in ctx.inputs:
         return {}
-    from ..engines import stage_runtime
-    from ..validate.speed import timed
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.validate.speed import timed
 
     fp32 = stage_runtime(stage, ctx.inputs["fp32_engine"], ctx.params["backend"], ctx.params["threads"])
     fp32_ms = 1000 * timed(lambda: workload(fp32))[0]

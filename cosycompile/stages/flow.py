@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import StepContext
-from .common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
+from cosycompile.core.graph import StepContext
+from cosycompile.stages.common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
 
 
 def graph_modules(models: Any) -> dict[str, Any]:
-    from ..models.flow import FlowEncoderStep
+    from cosycompile.models.flow import FlowEncoderStep
 
     return {"flow_encoder": FlowEncoderStep(models.flow).eval(), "flow_estimator": models.flow.decoder.estimator.eval()}
 
@@ -33,7 +33,7 @@ def info(models: Any) -> dict[str, Any]:
 def export(ctx: StepContext) -> dict[str, Any]:
     import torch
 
-    from ..models.loader import load_models
+    from cosycompile.models.loader import load_models
 
     models = load_models(model_dir(ctx), ("flow",))
     inf = info(models)
@@ -52,9 +52,9 @@ def export(ctx: StepContext) -> dict[str, Any]:
 
 def check(ctx: StepContext) -> dict[str, Any]:
     """Estimator agreement over lengths, then mel SNR after the full 10-step CFM with identical noise."""
-    from ..frontend import Frontend
-    from ..reference import load_reference, reference_runtime
-    from ..validate.metrics import mel_snr_db
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.validate.metrics import mel_snr_db
 
     p, c = ctx.params, ctx.params["check"]
     mdir = model_dir(ctx)

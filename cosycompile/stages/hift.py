@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import StepContext
-from .common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
+from cosycompile.core.graph import StepContext
+from cosycompile.stages.common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
 
 
 def graph_modules(models: Any) -> dict[str, Any]:
-    from ..models.hift import HiFTNetStep
+    from cosycompile.models.hift import HiFTNetStep
 
     return {"hift": HiFTNetStep(models.hift).eval()}
 
@@ -34,7 +34,7 @@ def info(models: Any) -> dict[str, Any]:
 def export(ctx: StepContext) -> dict[str, Any]:
     import torch
 
-    from ..models.loader import load_models
+    from cosycompile.models.loader import load_models
 
     models = load_models(model_dir(ctx), ("hift",))
     inf = info(models)
@@ -47,10 +47,10 @@ def export(ctx: StepContext) -> dict[str, Any]:
 
 def check(ctx: StepContext) -> dict[str, Any]:
     """Waveform SNR, engine vs PyTorch, on mels of the eval prompts' real speech with the same noise."""
-    from ..dataset import read_wav
-    from ..dsp import mel_spectrogram, resample
-    from ..reference import load_reference, reference_runtime
-    from ..validate.metrics import log_mel_l1, waveform_snr_db
+    from cosycompile.runtime.dataset import read_wav
+    from cosycompile.runtime.dsp import mel_spectrogram, resample
+    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.validate.metrics import log_mel_l1, waveform_snr_db
 
     p, c = ctx.params, ctx.params["check"]
     ref = reference_runtime("hift", load_reference(model_dir(ctx), ("hift",), p["threads"]))

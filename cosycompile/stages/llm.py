@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import StepContext
-from .common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
+from cosycompile.core.graph import StepContext
+from cosycompile.stages.common import engine_runtime, eval_items, export_stage, model_dir, speed_vs_fp32, write_check
 
 
 def graph_modules(models: Any) -> dict[str, Any]:
-    from ..models.qwen2lm import LLMDecodeStep
+    from cosycompile.models.qwen2lm import LLMDecodeStep
 
     return {"llm_step": LLMDecodeStep(models.llm).eval()}
 
@@ -38,7 +38,7 @@ def info(models: Any) -> dict[str, Any]:
 def export(ctx: StepContext) -> dict[str, Any]:
     import torch
 
-    from ..models.loader import load_models
+    from cosycompile.models.loader import load_models
 
     models = load_models(model_dir(ctx), ("llm",))
     inf = info(models)
@@ -51,10 +51,10 @@ def export(ctx: StepContext) -> dict[str, Any]:
 
 def check(ctx: StepContext) -> dict[str, Any]:
     """Teacher-forced logits and free-running greedy tokens, engine vs PyTorch, on the eval texts."""
-    from ..frontend import Frontend
-    from ..pipeline import Sampling
-    from ..reference import load_reference, reference_runtime
-    from ..validate.metrics import kl_divergence, logit_cosine, top1_agreement
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.runtime.pipeline import Sampling
+    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.validate.metrics import kl_divergence, logit_cosine, top1_agreement
 
     p = ctx.params
     mdir = model_dir(ctx)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from cosycompile.errors import UserError
 
 # name -> (path into report.json, higher is better, kind)
 METRICS: dict[str, tuple[tuple[str, ...], bool, str]] = {

@@ -21,8 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..dsp import _frames, hann, mel_spectrogram, resample
-from ..errors import BackendUnavailable
+from cosycompile.runtime.dsp import _frames, hann, mel_spectrogram, resample
+from cosycompile.errors import BackendUnavailable
 
 COSYVOICE_SR = 24000
 METRIC_SR = 16000  # PESQ-WB, STOI and resemblyzer all work at 16 kHz

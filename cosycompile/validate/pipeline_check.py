@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import StepContext
-from ..pipeline import Pipeline, Sampling
-from ..stages.common import model_dir
-from .report import REPORT_SCHEMA, render_markdown
-from .speed import timed
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.pipeline import Pipeline, Sampling
+from cosycompile.stages.common import model_dir
+from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
+from cosycompile.validate.speed import timed
 
 SAMPLE_RATE = 24000
 AUDIO_ITEMS = 2
@@ -25,11 +25,11 @@ FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
-    from ..dataset import load_dataset
-    from ..engines import stage_runtime
-    from ..frontend import Frontend
-    from ..reference import load_reference, reference_runtime
-    from . import metrics as M
+    from cosycompile.runtime.dataset import load_dataset
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.validate import metrics as M
 
     p = ctx.params
     v = p["validation"]

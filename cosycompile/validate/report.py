@@ -112,7 +112,7 @@ def plot_quality_speed(report: dict[str, Any], path: Any, label: str = "this bui
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .gate import metric_values
+    from cosycompile.validate.gate import metric_values
 
     series = {label: metric_values(report)}
     for name, rep in (baselines or {}).items():

@@ -116,8 +116,8 @@ def test_fixed_noise_is_upstreams_seed_zero_draw(tiny_models: Any) -> None:
 
 def test_inference_matches_the_pipeline_solver(tiny_models: Any) -> None:
     """flow.inference (torch CFM) and the build pipeline's numpy CFM give the same mel."""
-    from cosycompile.pipeline import Prompt
-    from cosycompile.reference import reference_runtime
+    from cosycompile.runtime.pipeline import Prompt
+    from cosycompile.reference.runners import reference_runtime
 
     flow = tiny_models.flow
     g = torch.Generator().manual_seed(5)

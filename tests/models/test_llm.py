@@ -81,8 +81,8 @@ def test_inference_greedy_is_deterministic_and_bounded(tiny_models: Any) -> None
 
 def test_inference_matches_the_pipeline_runtime(tiny_models: Any) -> None:
     """Two references of the same decoding: upstream-style (HF cache) and the build's (decode step)."""
-    from cosycompile.pipeline import Prompt, Sampling
-    from cosycompile.reference import reference_runtime
+    from cosycompile.runtime.pipeline import Prompt, Sampling
+    from cosycompile.reference.runners import reference_runtime
 
     lm = tiny_models.llm
     text = np.array([9, 8, 7, 6], np.int64)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from scipy.signal import butter, lfilter
 
-from cosycompile.dsp import mel_spectrogram
+from cosycompile.runtime.dsp import mel_spectrogram
 from cosycompile.errors import BackendUnavailable
 from cosycompile.validate import metrics as M
 
@@ -144,7 +144,7 @@ def test_pesq_of_silence_is_nan_not_an_error() -> None:
 
 
 def test_metrics_resample_other_rates(voice: np.ndarray, noisy: dict[int, np.ndarray]) -> None:
-    from cosycompile.dsp import resample
+    from cosycompile.runtime.dsp import resample
 
     at16 = resample(voice, SR, 16000), resample(noisy[20], SR, 16000)
     assert M.pesq_wb(*at16, 16000) == pytest.approx(M.pesq_wb(voice, noisy[20], SR), abs=0.05)
@@ -192,7 +192,7 @@ def test_speaker_similarity_separates_voices(voice: np.ndarray) -> None:
     assert same > 0.85
     assert other < same - 0.1
     # the same holds with the clips at 16 kHz
-    from cosycompile.dsp import resample
+    from cosycompile.runtime.dsp import resample
 
     assert M.speaker_similarity(resample(voice, SR, 16000), resample(other_voice_same_words, SR, 16000),
                                 16000) == pytest.approx(other, abs=0.02)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backends import get_backend_info
-from .graph import StepContext
-from .graphs_dir import copy_assets, read_graphs_dir
-from .onnx_tools import simplify as simplify_graph
-from .targets import TARGETS
+from cosycompile.backends import get_backend_info
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.onnx.tools import simplify as simplify_graph
+from cosycompile.recipe.schema.targets import TARGETS
 
 
 def simplify(ctx: StepContext) -> dict[str, Any]:

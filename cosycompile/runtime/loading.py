@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from .backends import get_backend_info
-from .errors import BackendUnavailable
-from .graphs_dir import read_graphs_dir
-from .pipeline import FlowRuntime, HiFTRuntime, LLMRuntime
-from .stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
+from cosycompile.backends import get_backend_info
+from cosycompile.errors import BackendUnavailable
+from cosycompile.runtime.graphs_dir import read_graphs_dir
+from cosycompile.runtime.pipeline import FlowRuntime, HiFTRuntime, LLMRuntime
+from cosycompile.stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
 
 
 def load_assets(engine_dir: Path) -> dict[str, np.ndarray]:

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Runner
-from .dsp import istft
-from .stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
+from cosycompile.runtime.runner import Runner
+from cosycompile.runtime.dsp import istft
+from cosycompile.stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
 
 
 @dataclass
@@ -73,6 +73,11 @@ class LLMRuntime:
         self.head_dim = int(info["head_dim"])
         self.speech_token_size = int(info["speech_token_size"])
         self.stop_ids = {self.speech_token_size, self.speech_token_size + 1, self.speech_token_size + 2}
+
+    @classmethod
+    def from_runners(cls, runners: dict[str, Runner], assets: dict[str, np.ndarray], info: dict[str, Any]) -> "LLMRuntime":
+        """The stage runtime from its graphs' runners (the one constructor every loader uses)."""
+        return cls(runners[LLM_STEP.name], assets, info)
 
     def empty_cache(self) -> np.ndarray:
         return np.zeros((self.num_layers, 2, 1, self.kv_heads, 0, self.head_dim), np.float32)
@@ -154,6 +159,11 @@ class FlowRuntime:
         self.n_timesteps = int(info.get("n_timesteps", 10))
         self.cfg_rate = float(info.get("cfg_rate", 0.7))
 
+    @classmethod
+    def from_runners(cls, runners: dict[str, Runner], assets: dict[str, np.ndarray], info: dict[str, Any]) -> "FlowRuntime":
+        """The stage runtime from its graphs' runners (the one constructor every loader uses)."""
+        return cls(runners[FLOW_ENCODER.name], runners[FLOW_ESTIMATOR.name], assets, info)
+
     def encode(self, tokens: np.ndarray, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
         token = np.concatenate([prompt.speech_tokens, tokens]).astype(np.int64)[None]
         out = self.encoder.run({FLOW_ENCODER.inputs[0]: token,
@@ -206,6 +216,11 @@ class HiFTRuntime:
         self.n_fft = int(info.get("istft_n_fft", 16))
         self.hop = int(info.get("istft_hop", 4))
         self.audio_limit = float(info.get("audio_limit", 0.99))
+
+    @classmethod
+    def from_runners(cls, runners: dict[str, Runner], assets: dict[str, np.ndarray], info: dict[str, Any]) -> "HiFTRuntime":
+        """The stage runtime from its graphs' runners (the one constructor every loader uses)."""
+        return cls(runners[HIFT.name], info)
 
     def source_noise(self, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """The NSF source's random initial phases and noise, drawn from ``seed`` (upstream uses torch.rand)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .errors import RecipeError
+from cosycompile.errors import RecipeError
 
 KeyPath = tuple[str | int, ...]
 

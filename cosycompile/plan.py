@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import __version__
-from .backends import get_backend_info
-from .cache import Store
-from .dataset import load_dataset
-from .errors import BackendUnavailable, ModelError
-from .graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
-from .hashing import tool_versions
-from .recipe import Recipe
-from .stages import STAGES
-from .targets import TARGETS
+from cosycompile import __version__
+from cosycompile.backends import get_backend_info
+from cosycompile.cache.local.local import Store
+from cosycompile.runtime.dataset import load_dataset
+from cosycompile.errors import BackendUnavailable, ModelError
+from cosycompile.core.graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
+from cosycompile.core.hashing import tool_versions
+from cosycompile.recipe.schema.schema import Recipe
+from cosycompile.stages import STAGES
+from cosycompile.recipe.schema.targets import TARGETS
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny", "random-0.5b")
@@ -71,7 +71,7 @@ def model_input(recipe: Recipe) -> ModelInput:
             raise ModelError(f"{recipe.source}: unknown built-in model '{spec}' "
                              f"(known: {', '.join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS)})")
         step = Step(
-            name="model", kind="model.builtin", run=_lazy("cosycompile.steps_model", "materialize"),
+            name="model", kind="model.builtin", run=_lazy("cosycompile.models.builtin_step", "materialize"),
             params={"spec": spec, "seed": 0}, sources=("models",), tools=("torch", "transformers", "onnx"),
             describe=f"write {spec} in the CosyVoice2 checkpoint layout",
         )
@@ -125,7 +125,7 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
         if model.root is not None:
             export.preflight = _checkpoint_preflight(model.root, name)
         simplify = Step(
-            name=f"{name}.simplify", kind="onnx.simplify", run=_lazy("cosycompile.steps_common", "simplify"),
+            name=f"{name}.simplify", kind="onnx.simplify", run=_lazy("cosycompile.core.steps", "simplify"),
             params={"method": spec.export.simplify}, deps={"graphs": export},
             sources=("steps_common.py", "onnx_tools.py", "graphs_dir.py"),
             tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
@@ -186,7 +186,7 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
 
 def _audio_preflight(files: list[Path]) -> Callable[[], None]:
     def check() -> None:
-        from .dataset import check_audio
+        from cosycompile.runtime.dataset import check_audio
 
         check_audio(files)
 
@@ -195,7 +195,7 @@ def _audio_preflight(files: list[Path]) -> Callable[[], None]:
 
 def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
     def check() -> None:
-        from .models.loader import check_checkpoint
+        from cosycompile.models.loader import check_checkpoint
 
         check_checkpoint(root, stage)
 
@@ -214,7 +214,7 @@ def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graph
                  suffix: str = "") -> Step:
     return Step(
         name=f"{stage}.engine{suffix}", kind=f"engine.{info.name}",
-        run=_lazy("cosycompile.steps_common", "build_engine"),
+        run=_lazy("cosycompile.core.steps", "build_engine"),
         params={"backend": info.name, "options": info.resolved_options(options), "precision": fmt},
         deps={"graphs": graphs}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
         tools=info.tools, target=target, describe=f"build the {stage} {fmt} engine with {info.name}",
@@ -224,7 +224,7 @@ def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graph
 
 def _calibrate_step(recipe: Recipe, model: ModelInput) -> Step | None:
     """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
-    from .quantize import needs_calibration
+    from cosycompile.quantize import needs_calibration
 
     stages = [s for s in recipe.enabled_stages() if needs_calibration(recipe.stage(s).quantize.format)]
     if not stages:
@@ -247,7 +247,7 @@ def _calibrate_step(recipe: Recipe, model: ModelInput) -> Step | None:
 
 
 def _quantize_step(recipe: Recipe, stage: str, simplify: Step, calibrate: Step | None, model: ModelInput) -> Step:
-    from .quantize import DEFAULT_METHOD, needs_calibration
+    from cosycompile.quantize import DEFAULT_METHOD, needs_calibration
 
     spec = recipe.stage(stage)
     q = spec.quantize
@@ -276,7 +276,7 @@ def _quantize_step(recipe: Recipe, stage: str, simplify: Step, calibrate: Step |
 
 def _llm_exclusion_preflight(source: Any, patterns: list[str]) -> Callable[[], None]:
     def check() -> None:
-        from .quantize.llm_ptq import exclusion_preflight
+        from cosycompile.quantize.llm_ptq import exclusion_preflight
 
         exclusion_preflight(source, patterns)
 
@@ -328,7 +328,7 @@ def assemble_bundle(plan: BuildPlan, store: Store, result: BuildResult) -> Path:
         }
         (tmp / "recipe.json").write_text(plan.recipe.model_dump_json(indent=1, exclude={"source", "base_dir"}))
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        from .validate.report import render_bundle
+        from cosycompile.validate.report import render_bundle
 
         render_bundle(tmp)
         os.replace(tmp, dest)

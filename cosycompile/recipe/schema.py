@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import RecipeError
-from .targets import TARGETS
-from .yaml_lines import KeyPath, Located, load_located, merge
+from cosycompile.errors import RecipeError
+from cosycompile.recipe.schema.targets import TARGETS
+from cosycompile.recipe.schema.yaml_lines import KeyPath, Located, load_located, merge
 
 STAGE_NAMES = ("llm", "flow", "hift")
 
@@ -265,15 +265,15 @@ def load_recipe(path: str | Path) -> Recipe:
 def _check_combinations(recipe: Recipe, located: Located) -> None:
     """Cross-field rules that a per-field schema cannot express."""
     # Imported here: the registries are light, but they import this module's types.
-    from .backends import get_backend_info
-    from .quantize import format_problem
-    from .stages import get_stage
+    from cosycompile.backends import get_backend_info
+    from cosycompile.quantize import format_problem
+    from cosycompile.stages import get_stage
 
     if recipe.target not in TARGETS:
         raise RecipeError(
             f"{located.where(('target',))}: unknown target '{recipe.target}' (known: {', '.join(sorted(TARGETS))})"
         )
-    from .validate.gate import METRICS
+    from cosycompile.validate.gate import METRICS
 
     for kind in ("min", "max"):
         for metric in getattr(recipe.validation.gate, kind):
@@ -289,7 +289,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         where = located.where(("stages", name, "engine", "backend"))
         info = get_backend_info(spec.engine.backend)
         if info is None:
-            from .backends import BACKENDS
+            from cosycompile.backends import BACKENDS
 
             raise RecipeError(
                 f"{where}: unknown backend '{spec.engine.backend}' for stage '{name}' (known: {', '.join(BACKENDS)})"

@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendUnavailable
+from cosycompile.errors import BackendUnavailable
 
 # Graphs above this size need ONNX external data (protobuf's 2 GiB limit).
 _EXTERNAL_DATA_BYTES = 1_800_000_000

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .pipeline import FlowRuntime, HiFTRuntime, LLMRuntime, Pipeline
-from .stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP, STAGE_GRAPHS, GraphIO
+from cosycompile.runtime.pipeline import FlowRuntime, HiFTRuntime, LLMRuntime, Pipeline
+from cosycompile.stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP, STAGE_GRAPHS, GraphIO
 
 
 class TorchRunner:
@@ -53,7 +53,7 @@ def reference_runtime(stage: str, models: Any) -> Any:
 
 def load_reference(model_dir: Path, stages: tuple[str, ...] = ("llm", "flow", "hift"), threads: int = 2) -> Any:
     """LoadedModels for ``stages`` with torch limited to ``threads`` (fair speed comparisons)."""
-    from .models.loader import load_models
+    from cosycompile.models.loader import load_models
 
     torch.set_num_threads(threads)
     return load_models(model_dir, stages)

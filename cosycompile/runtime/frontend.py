@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .dataset import Item, read_wav
-from .dsp import kaldi_fbank, mel_spectrogram, resample, whisper_log_mel
-from .errors import ModelError
-from .pipeline import Prompt
+from cosycompile.runtime.dataset import Item, read_wav
+from cosycompile.runtime.dsp import kaldi_fbank, mel_spectrogram, resample, whisper_log_mel
+from cosycompile.errors import ModelError
+from cosycompile.runtime.pipeline import Prompt
 
 PROMPT_SR = 16000
 SAMPLE_RATE = 24000

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import UserError
-from .hashing import StatCache, sha256_file
+from cosycompile.errors import UserError
+from cosycompile.core.hashing import StatCache, sha256_file
 
 ENTRY_FILE = "entry.json"
 ENTRY_VERSION = 1

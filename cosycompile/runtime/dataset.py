@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from cosycompile.errors import DataError
 
 MANIFEST = "manifest.jsonl"
 _REQUIRED = ("id", "text")
