@@ -127,9 +127,9 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _build_or_plan(args: argparse.Namespace) -> int:
     from cosycompile.plan import assemble_bundle, bundle_dir, executor, plan_build
-    from cosycompile.cache.local.local import Store
+    from cosycompile.cache.local import Store
     from cosycompile.core.graph import Reporter
-    from cosycompile.recipe.schema.schema import load_recipe
+    from cosycompile.recipe.schema import load_recipe
 
     t0 = time.perf_counter()
     recipe = load_recipe(args.recipe)
@@ -256,7 +256,7 @@ def _init_model(args: argparse.Namespace) -> int:
 
 
 def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from cosycompile.cache.local.local import Store
+    from cosycompile.cache.local import Store
 
     if args.cache_command is None:
         parser.parse_args(["cache", "--help"])

@@ -18,14 +18,14 @@ from typing import Any, Callable
 
 from cosycompile import __version__
 from cosycompile.backends import get_backend_info
-from cosycompile.cache.local.local import Store
+from cosycompile.cache.local import Store
 from cosycompile.runtime.dataset import load_dataset
 from cosycompile.errors import BackendUnavailable, ModelError
 from cosycompile.core.graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
 from cosycompile.core.hashing import tool_versions
-from cosycompile.recipe.schema.schema import Recipe
+from cosycompile.recipe.schema import Recipe
 from cosycompile.stages import STAGES
-from cosycompile.recipe.schema.targets import TARGETS
+from cosycompile.recipe.targets import TARGETS
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny", "random-0.5b")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
-from cosycompile.recipe.schema.targets import Target
+from cosycompile.recipe.targets import Target
 from cosycompile.backends.options import OnnxRuntimeOptions, TensorRTOptions, TrtLLMOptions
 
 

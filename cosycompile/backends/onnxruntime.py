@@ -17,7 +17,7 @@ import onnxruntime as ort
 
 from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
-from cosycompile.recipe.schema.targets import Target
+from cosycompile.recipe.targets import Target
 
 PASSPORT = "engine.json"
 _LEVELS = {

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from cosycompile.cache.local.local import Entry, Store
+from cosycompile.cache.local import Entry, Store
 from cosycompile.core.hashing import digest_files, digest_obj, source_digest, tool_versions
 
 T = TypeVar("T")

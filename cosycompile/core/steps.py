@@ -8,7 +8,7 @@ from cosycompile.backends import get_backend_info
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.onnx.tools import simplify as simplify_graph
-from cosycompile.recipe.schema.targets import TARGETS
+from cosycompile.recipe.targets import TARGETS
 
 
 def simplify(ctx: StepContext) -> dict[str, Any]:

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
 from cosycompile.models.config import LLMConfig
+from cosycompile.runtime.sampling import SAMPLING_MODES, Sampling, sampling_ids
 
 
 def qwen2_config(cfg: LLMConfig):  # -> transformers.Qwen2Config
@@ -74,13 +76,18 @@ class Qwen2LM(nn.Module):
 
         Between 2x and 20x as many tokens as text tokens (prompt text excluded); the end token is
         masked until the minimum is reached; decoding stops at any of the three stop tokens.
-        ``sampling`` is ``"ras"`` (CosyVoice's repetition-aware sampling, drawn from a
-        ``torch.Generator`` seeded with ``seed``) or ``"greedy"``. Reference only: one token per
-        full transformers forward with its own KV cache, no batching.
+        ``sampling`` is ``"ras"`` (CosyVoice's repetition-aware sampling, drawn from
+        ``np.random.default_rng(seed)``) or ``"greedy"``. Tokens are picked by the same numpy
+        :func:`~cosycompile.runtime.sampling.sampling_ids` as the pipeline runtime, so the two agree
+        draw for draw. Reference only: one token per full transformers forward with its own KV
+        cache, no batching.
         """
-        if sampling not in ("ras", "greedy"):
+        if sampling not in SAMPLING_MODES:
             raise ValueError(f"sampling must be 'ras' or 'greedy', not {sampling!r}")
-        gen = torch.Generator(device=text.device).manual_seed(seed)
+        s = self.cfg.sampling
+        how = Sampling(mode=sampling, seed=seed, max_tokens=max_tokens, top_p=s.top_p, top_k=s.top_k,
+                       win_size=s.win_size, tau_r=s.tau_r)
+        rng = np.random.default_rng(seed)
         n_text = text.shape[1]
         min_len = int(n_text * self.cfg.min_token_text_ratio)
         max_len = int(n_text * self.cfg.max_token_text_ratio)
@@ -94,39 +101,13 @@ class Qwen2LM(nn.Module):
             res = self.qwen(inputs_embeds=lm_input, past_key_values=cache, use_cache=True, output_hidden_states=True)
             cache = res.past_key_values
             logp = self.llm_decoder(res.hidden_states[-1][:, -1]).log_softmax(dim=-1)[0]
-            if i < min_len:
-                logp[self.speech_token_size] = -float("inf")
-            if sampling == "greedy":
-                token = int(logp.argmax())
-            else:
-                s = self.cfg.sampling
-                token = ras_sampling(logp, out, gen, s.top_p, s.top_k, s.win_size, s.tau_r)
+            logp_np = logp.detach().cpu().numpy().astype(np.float64)
+            token = sampling_ids(logp_np, out, how, rng, self.speech_token_size, ignore_eos=i < min_len)
             if token in stop:
                 break
             out.append(token)
             lm_input = self.speech_embedding.weight[token].reshape(1, 1, -1)
         return out
-
-
-def ras_sampling(scores: torch.Tensor, decoded: list[int], generator: torch.Generator, top_p: float = 0.8,
-                 top_k: int = 25, win_size: int = 10, tau_r: float = 0.1) -> int:
-    """Repetition-aware sampling (VALL-E 2), as CosyVoice's ``ras_sampling``.
-
-    Nucleus sampling over at most ``top_k`` tokens; when the drawn token already occurs at least
-    ``win_size * tau_r`` times among the last ``win_size`` decoded tokens, it is banned and a token
-    is drawn from the full distribution instead. Draws come from ``generator`` only.
-    """
-    probs, order = scores.softmax(dim=0).sort(descending=True, stable=True)
-    # Keep adding tokens while the mass so far is below top_p (so the nucleus always has one).
-    before = torch.cumsum(probs, dim=0) - probs
-    keep = min(int((before < top_p).sum()), top_k)
-    pick = order[torch.multinomial(probs[:keep], 1, replacement=True, generator=generator)]
-    token = int(pick)
-    if decoded[-win_size:].count(token) >= win_size * tau_r:
-        scores = scores.clone()
-        scores[token] = -float("inf")
-        token = int(torch.multinomial(scores.softmax(dim=0), 1, replacement=True, generator=generator))
-    return token
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

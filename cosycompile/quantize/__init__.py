@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cosycompile.recipe.schema.targets import Target
+from cosycompile.recipe.targets import Target
 
 STAGE_FORMATS: dict[str, tuple[str, ...]] = {
     "llm": ("fp32", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"),

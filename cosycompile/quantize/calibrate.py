@@ -66,7 +66,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.pipeline import Pipeline, Sampling
-    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.stages.common import model_dir
 
     p = ctx.params["calibration"]

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cosycompile.errors import RecipeError
-from cosycompile.recipe.schema.targets import TARGETS
-from cosycompile.recipe.schema.yaml_lines import KeyPath, Located, load_located, merge
+from cosycompile.recipe.targets import TARGETS
+from cosycompile.recipe.yaml_lines import KeyPath, Located, load_located, merge
 
 STAGE_NAMES = ("llm", "flow", "hift")
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from cosycompile.runtime.runner import Runner
 from cosycompile.runtime.dsp import istft
+from cosycompile.runtime.sampling import Sampling, sampling_ids
 from cosycompile.stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
 
 
@@ -31,19 +32,6 @@ class Prompt:
     def empty(mel_bins: int = 80, spk_dim: int = 192) -> "Prompt":
         return Prompt(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((mel_bins, 0), np.float32),
                       np.zeros(spk_dim, np.float32))
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How speech tokens are drawn; RAS = CosyVoice's repetition-aware nucleus sampling."""
-
-    mode: str = "greedy"
-    seed: int = 0
-    max_tokens: int | None = None
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
 
 
 @dataclass
@@ -105,7 +93,7 @@ class LLMRuntime:
         out: list[int] = []
         for i in range(max_len):
             logp = log_softmax(logits[0, -1])
-            tok = self._pick(logp, out, sampling, rng, ignore_eos=i < min_len)
+            tok = sampling_ids(logp, out, sampling, rng, self.speech_token_size, ignore_eos=i < min_len)
             if tok in self.stop_ids:
                 break
             out.append(tok)
@@ -119,34 +107,6 @@ class LLMRuntime:
         logits, _ = self.step(np.ascontiguousarray(embeds[None].astype(np.float32)), self.empty_cache())
         start = embeds.shape[0] - len(tokens) - 1
         return logits[0, start:]
-
-    def _pick(self, logp: np.ndarray, decoded: list[int], s: Sampling, rng: np.random.Generator,
-              ignore_eos: bool) -> int:
-        if s.mode == "greedy":
-            if ignore_eos:
-                logp = logp.copy()
-                logp[self.speech_token_size:] = -np.inf
-            return int(np.argmax(logp))
-        for _ in range(100):
-            tok = self._ras(logp, decoded, s, rng)
-            if not ignore_eos or tok < self.speech_token_size:
-                return tok
-        raise RuntimeError("sampling kept drawing a stop token before min_len")
-
-    @staticmethod
-    def _ras(logp: np.ndarray, decoded: list[int], s: Sampling, rng: np.random.Generator) -> int:
-        probs = np.exp(logp - logp.max())
-        probs /= probs.sum()
-        order = np.argsort(-probs, kind="stable")
-        cum = np.cumsum(probs[order])
-        # Nucleus over at most top_k tokens: keep adding while the mass before a token is < top_p.
-        keep = int(min(s.top_k, np.searchsorted(cum, s.top_p, side="left") + 1))
-        top = order[:keep]
-        p = probs[top] / probs[top].sum()
-        tok = int(top[rng.choice(keep, p=p)])
-        if decoded[-s.win_size:].count(tok) >= s.win_size * s.tau_r:
-            tok = int(rng.choice(len(probs), p=probs))
-        return tok
 
 
 class FlowRuntime:

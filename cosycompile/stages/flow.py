@@ -53,7 +53,7 @@ def export(ctx: StepContext) -> dict[str, Any]:
 def check(ctx: StepContext) -> dict[str, Any]:
     """Estimator agreement over lengths, then mel SNR after the full 10-step CFM with identical noise."""
     from cosycompile.runtime.frontend import Frontend
-    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.validate.metrics import mel_snr_db
 
     p, c = ctx.params, ctx.params["check"]

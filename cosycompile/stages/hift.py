@@ -49,7 +49,7 @@ def check(ctx: StepContext) -> dict[str, Any]:
     """Waveform SNR, engine vs PyTorch, on mels of the eval prompts' real speech with the same noise."""
     from cosycompile.runtime.dataset import read_wav
     from cosycompile.runtime.dsp import mel_spectrogram, resample
-    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.validate.metrics import log_mel_l1, waveform_snr_db
 
     p, c = ctx.params, ctx.params["check"]

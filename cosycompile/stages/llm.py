@@ -53,7 +53,7 @@ def check(ctx: StepContext) -> dict[str, Any]:
     """Teacher-forced logits and free-running greedy tokens, engine vs PyTorch, on the eval texts."""
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.pipeline import Sampling
-    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.validate.metrics import kl_divergence, logit_cosine, top1_agreement
 
     p = ctx.params

@@ -28,7 +28,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.frontend import Frontend
-    from cosycompile.reference.runners.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.validate import metrics as M
 
     p = ctx.params
