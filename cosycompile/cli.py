@@ -126,7 +126,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _build_or_plan(args: argparse.Namespace) -> int:
-    from cosycompile.plan import assemble_bundle, bundle_dir, executor, plan_build
+    from cosycompile.exporters.bundle.export import bundle_dir
+    from cosycompile.plan import executor, plan_build
     from cosycompile.cache.local import Store
     from cosycompile.core.graph import Reporter
     from cosycompile.recipe.schema import load_recipe
@@ -156,7 +157,10 @@ def _build_or_plan(args: argparse.Namespace) -> int:
         for s in plan.steps:
             print(f"  {s.name}: {result.entries[s.name].data}")
         return 0
-    bundle = assemble_bundle(plan, store, result)
+    from cosycompile.exporters import exporter_infos
+
+    outputs = {name: exporter_infos()[name].hook("export")(plan, store, result) for name in recipe.exports}
+    bundle = outputs.get("bundle") or exporter_infos()["bundle"].hook("export")(plan, store, result)
     dt = time.perf_counter() - t0
     report = bundle / "report.md"
     if report.is_file() and not args.quiet:
@@ -166,7 +170,8 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     print(f"bundle: {bundle}")
     g = recipe.validation.gate
     baseline = recipe.resolve_path(g.baseline) if g.baseline else None
-    return _apply_gate(bundle, baseline, g.min, g.max, g.max_quality_drop, g.max_slowdown)
+    th = g.thresholds()
+    return _apply_gate(bundle, baseline, th["min"], th["max"], g.max_quality_drop, g.max_slowdown)
 
 
 def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dict, max_drop: float,
@@ -188,11 +193,12 @@ def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dic
 def _gate(args: argparse.Namespace) -> int:
     import json
 
-    from cosycompile.validate.gate import METRICS
-
     if args.list_metrics:
-        for name, (_, higher, kind) in METRICS.items():
-            print(f"{name:<34} {kind:<8} {'higher' if higher else 'lower'} is better")
+        from cosycompile.validate.registry import registry
+
+        for name, reg in registry().items():
+            m = reg.metric
+            print(f"{name:<34} {m.kind:<8} {'higher' if m.higher else 'lower'} is better  {m.unit:<7} {m.description}")
         return 0
     if args.bundle is None:
         raise UserError("gate: give a bundle dir or report.json (or --list-metrics)")
@@ -205,7 +211,9 @@ def _gate(args: argparse.Namespace) -> int:
     max_slow = args.max_slowdown if args.max_slowdown is not None else gate.get("max_slowdown", 0.25)
     if max_drop < 0 or max_slow < 0:
         raise UserError("gate: --max-quality-drop and --max-slowdown must be >= 0")
-    return _apply_gate(bundle, args.baseline, gate.get("min", {}), gate.get("max", {}), max_drop, max_slow)
+    minimum = {k: v for k, v in gate.get("min", {}).items() if v is not None}
+    maximum = {k: v for k, v in gate.get("max", {}).items() if v is not None}
+    return _apply_gate(bundle, args.baseline, minimum, maximum, max_drop, max_slow)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -220,16 +228,17 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from cosycompile.validate.gate import METRICS, load_report, metric_values
+    from cosycompile.validate.gate import load_report, metric_values
+    from cosycompile.validate.registry import registry
 
     a, b = metric_values(load_report(args.a)), metric_values(load_report(args.b))
     rows = [("metric", str(args.a.name), str(args.b.name), "better")]
-    for name in METRICS:
+    for name in registry():
         if name in a or name in b:
             va, vb = a.get(name), b.get(name)
             better = "-"
             if va is not None and vb is not None and va != vb:
-                higher = METRICS[name][1]
+                higher = registry()[name].metric.higher
                 better = "A" if (va > vb) == higher else "B"
             rows.append((name, "-" if va is None else f"{va:.4g}", "-" if vb is None else f"{vb:.4g}", better))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]

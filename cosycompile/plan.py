@@ -1,31 +1,22 @@
-"""From a recipe to a graph of steps, and from finished steps to a bundle.
+"""From a recipe to a graph of steps. Names no stage, backend, format or exporter: each comes from
+its plug-in registry, and each step's code is the import closure of the plug-in modules it runs.
 
-Per enabled stage: export -> simplify -> engine -> check. Then one pipeline check over the
-eval set, then the bundle ``builds/<name>-<key12>/`` assembled from cache entries.
+Per enabled stage: export -> simplify -> [quantize] -> engine -> check; one ``reference`` step (the
+PyTorch FP32 outputs every check compares with, shared by every recipe on the model), one
+``calibrate`` step when a quantizer reads activations, then the ``pipeline.check``.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import shutil
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cosycompile import __version__
-from cosycompile.backends import get_backend_info
-from cosycompile.cache.local import Store
-from cosycompile.runtime.dataset import load_dataset
+from cosycompile.core.graph import Step, lazy
 from cosycompile.errors import BackendUnavailable, ModelError
-from cosycompile.core.graph import BuildResult, Executor, Reporter, StateFile, Step, StepContext
-from cosycompile.core.hashing import tool_versions
 from cosycompile.recipe.schema import Recipe
-from cosycompile.stages import STAGES
 from cosycompile.recipe.targets import TARGETS
+from cosycompile.runtime.dataset import load_dataset
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_MODELS = ("tiny", "random-0.5b")
@@ -33,16 +24,7 @@ FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx", "builtin.json",
                   "CosyVoice-BlankEN/tokenizer_config.json", "CosyVoice-BlankEN/vocab.json",
                   "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer.json")
 TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")
-
-
-def _lazy(module: str, func: str) -> Callable[[StepContext], Any]:
-    """A step body that imports its (heavy) implementation only when the step actually runs."""
-
-    def run(ctx: StepContext) -> Any:
-        return getattr(importlib.import_module(module), func)(ctx)
-
-    run.__qualname__ = f"{module}.{func}"
-    return run
+STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
 
 
 @dataclass
@@ -71,20 +53,19 @@ def model_input(recipe: Recipe) -> ModelInput:
             raise ModelError(f"{recipe.source}: unknown built-in model '{spec}' "
                              f"(known: {', '.join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS)})")
         step = Step(
-            name="model", kind="model.builtin", run=_lazy("cosycompile.models.builtin_step", "materialize"),
-            params={"spec": spec, "seed": 0}, sources=("models",), tools=("torch", "transformers", "onnx"),
+            name="model", kind="model.builtin", run=lazy("cosycompile.models.builtin_step:materialize"),
+            params={"spec": spec, "seed": 0}, tools=("torch", "transformers", "onnx"),
             describe=f"write {spec} in the CosyVoice2 checkpoint layout",
         )
         return ModelInput(step, None)
     root = recipe.resolve_path(spec)
     if not root.is_dir():
         raise ModelError(f"{recipe.source}: model dir not found: {root}")
-    if not (root / "cosyvoice2.yaml").is_file():
-        raise ModelError(f"{root}: not a CosyVoice2 model dir (no cosyvoice2.yaml)")
-    for stage in recipe.enabled_stages():
-        for f in STAGES[stage].model_files:
-            if f.endswith(".pt") and not (root / f).is_file():
-                raise ModelError(f"{root / f}: checkpoint for stage '{stage}' is missing")
+    # Every file the build will read, checked now rather than when the step reading it runs (minutes in).
+    # Imported here so that only a real dir pays for it; layout.py imports no torch.
+    from cosycompile.models.layout import check_model_dir
+
+    check_model_dir(root, recipe.enabled_stages())
     return ModelInput(None, root.resolve())
 
 
@@ -96,92 +77,156 @@ class BuildPlan:
     stage_steps: dict[str, dict[str, Step]]
 
 
-STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
-
-
 def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
     """Every step the recipe needs, wired together (no work done, nothing heavy imported)."""
+    from cosycompile.stages import stage_infos
+
+    stages = stage_infos()
     target = TARGETS[recipe.target]
     model = model_input(recipe)
-    eval_set = load_dataset(recipe.resolve_path(recipe.validation.eval_set))
-    eval_items = eval_set.head(recipe.validation.max_items)
+    v = recipe.validation
+    eval_set = load_dataset(recipe.resolve_path(v.eval_set))
+    eval_items = eval_set.head(v.max_items)
     eval_files = sorted({eval_set.root / "manifest.jsonl", *[i.prompt_wav for i in eval_items if i.prompt_wav]})
-    threads = recipe.validation.speed.threads
-    sampling = recipe.validation.sampling.model_dump()
+    threads = v.speed.threads
+    sampling = v.sampling.model_dump()
+    all_model_files = tuple(sorted({f for s in stages.values() for f in s.model_files})) + FRONTEND_FILES
 
-    calibrate = _calibrate_step(recipe, model)
+    # The reference depends on the model and the checks' workloads, never on what a recipe builds.
+    reference = Step(
+        name="reference", kind="reference", run=lazy("cosycompile.reference.step:run"),
+        code=tuple(m for s in stages.values() for m in _module_roots(s, "reference", "modules")),
+        params={"checks": {n: recipe.typed(n)["check"].model_dump(mode="json") if n in recipe.enabled_stages()
+                           else s.check_spec().model_dump(mode="json") for n, s in stages.items()},
+                "sampling": sampling, "max_items": v.max_items, "threads": threads,
+                "speed": v.speed.model_dump(include={"warmup", "runs"}) if v.speed.reference == "cached" else None},
+        tools=TORCH_TOOLS, describe="run the PyTorch FP32 reference on the eval set (once per model)",
+    )
+    model.attach(reference, all_model_files)
+    reference.files["eval"] = (eval_set.root, eval_files)
+    reference.preflight = _audio_preflight(eval_files)
+
+    calibrate = _calibrate_step(recipe, model, all_model_files)
     stage_steps: dict[str, dict[str, Step]] = {}
     for name in recipe.enabled_stages():
-        sdef = STAGES[name]
+        sinfo = stages[name]
         spec = recipe.stage(name)
-        mod = sdef.module
-        src = f"stages/{name}.py"
+        typed = recipe.typed(name)
+        binfo, qinfo, qspec = typed["backend"], typed["quantizer"], typed["quantize"]
         export = Step(
-            name=f"{name}.export", kind=f"{name}.export", run=_lazy(mod, "export"),
-            params={"opset": spec.export.opset}, sources=("models", src, "onnx_tools.py", "graphs_dir.py"),
-            tools=TORCH_TOOLS, describe=f"export {sdef.summary} to ONNX",
+            name=f"{name}.export", kind=f"{name}.export", run=lazy(sinfo.ref("export")),
+            code=_module_roots(sinfo, "modules"), params={"opset": spec.export.opset},
+            tools=TORCH_TOOLS, describe=f"export {sinfo.summary} to ONNX",
         )
-        model.attach(export, sdef.model_files)
+        model.attach(export, sinfo.model_files)
         if model.root is not None:
             export.preflight = _checkpoint_preflight(model.root, name)
         simplify = Step(
-            name=f"{name}.simplify", kind="onnx.simplify", run=_lazy("cosycompile.core.steps", "simplify"),
+            name=f"{name}.simplify", kind="onnx.simplify", run=lazy("cosycompile.onnx.simplify:simplify"),
             params={"method": spec.export.simplify}, deps={"graphs": export},
-            sources=("steps_common.py", "onnx_tools.py", "graphs_dir.py"),
             tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
         )
         steps = {"export": export, "simplify": simplify}
-        info = get_backend_info(spec.engine.backend)
-        assert info is not None  # recipe validation guarantees it
-        fmt = spec.quantize.format
         graphs = simplify
-        if fmt != "fp32":
-            graphs = steps["quantize"] = _quantize_step(recipe, name, simplify, calibrate, model)
-        engine = _engine_step(name, info, spec.engine.options, fmt, graphs, target.name)
+        if qinfo is not None:
+            quantize = Step(
+                name=f"{name}.quantize", kind=f"quantize.{qinfo.name}", run=lazy(qinfo.ref("quantize")),
+                code=_module_roots(sinfo, "modules"),
+                params={"stage": name, "opset": spec.export.opset, "target_kind": target.kind},
+                spec=qspec, deps={"graphs": simplify}, tools=qinfo.tools, target=target.name,
+                describe=f"quantize {name} to {qspec.format} with {qinfo.name}",
+            )
+            if qinfo.needs_calibration(qspec.format):
+                assert calibrate is not None
+                quantize.deps["calib"] = calibrate
+            model.attach(quantize, sinfo.model_files)
+            if getattr(qspec, "exclude", None) and qinfo.stages is not None:
+                source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
+                quantize.preflight = _exclusion_preflight(qinfo, source, list(qspec.exclude))
+            graphs = steps["quantize"] = quantize
+        engine = _engine_step(name, binfo, typed["options"], qspec.format, graphs, target.name)
         steps["engine"] = engine
         check = Step(
-            name=f"{name}.check", kind=f"{name}.check", run=_lazy(mod, "check"),
-            params={"check": spec.check.model_dump(), "threads": threads, "sampling": sampling,
-                    "max_items": recipe.validation.max_items, "backend": info.name, "precision": fmt},
-            deps={"engine": engine}, sources=("models", src, "pipeline.py", "reference.py", "dsp.py",
-                                              "validate/metrics.py", "validate/speed.py", "frontend.py", "dataset.py",
-                                              "stages/common.py"),
-            tools=TORCH_TOOLS + info.tools, target=target.name,
+            name=f"{name}.check", kind=f"{name}.check", run=lazy(sinfo.ref("check")),
+            code=(binfo.package, binfo.ref("load").split(":")[0]),
+            params={"threads": threads, "sampling": sampling, "max_items": v.max_items, "backend": binfo.name,
+                    "precision": qspec.format, "pairs": v.speed.runs},
+            spec=typed["check"], deps={"engine": engine, "reference": reference},
+            tools=TORCH_TOOLS + binfo.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",
         )
-        if fmt != "fp32":
+        if qinfo is not None:
             # Speed of a quantized engine is reported against the FP32 engine of the same backend.
             steps["engine_fp32"] = check.deps["fp32_engine"] = _engine_step(
-                name, info, spec.engine.options, "fp32", simplify, target.name, suffix=".fp32")
-        model.attach(check, sdef.model_files + FRONTEND_FILES)
+                name, binfo, typed["options"], "fp32", simplify, target.name, suffix=".fp32")
+        model.attach(check, sinfo.model_files + FRONTEND_FILES)
         check.files["eval"] = (eval_set.root, eval_files)
-        check.preflight = _audio_preflight(eval_files)
         steps["check"] = check
         stage_steps[name] = steps
 
+    enabled = recipe.enabled_stages()
     final = Step(
-        name="pipeline.check", kind="pipeline.check", run=_lazy("cosycompile.validate.pipeline_check", "run"),
-        params={"validation": recipe.validation.model_dump(exclude={"eval_set", "gate"}),
-                "stages": recipe.enabled_stages(),
-                "backends": {s: recipe.stage(s).engine.backend for s in recipe.enabled_stages()},
-                "precisions": {s: recipe.stage(s).quantize.format for s in recipe.enabled_stages()}},
-        deps={**{f"{s}.engine": st["engine"] for s, st in stage_steps.items()},
+        name="pipeline.check", kind="pipeline.check", run=lazy("cosycompile.validate.pipeline_check:run"),
+        code=tuple(m for s in enabled for m in stage_steps[s]["check"].code)
+        + tuple(m for s in stages.values() for m in _module_roots(s, "modules")),
+        params={"validation": v.model_dump(exclude={"eval_set", "gate"}), "stages": enabled, "max_items": v.max_items,
+                "backends": {s: recipe.stage(s).engine.backend for s in enabled},
+                "precisions": {s: recipe.typed(s)["quantize"].format for s in enabled},
+                "thresholds": v.gate.thresholds()},
+        deps={"reference": reference, **{f"{s}.engine": st["engine"] for s, st in stage_steps.items()},
               **{f"{s}.check": st["check"] for s, st in stage_steps.items()}},
-        sources=("models", "pipeline.py", "reference.py", "frontend.py", "dsp.py", "validate", "dataset.py",
-                 "backends"),
         tools=TORCH_TOOLS + ("onnxruntime",), target=target.name,
         describe="text -> wav on the engines vs the PyTorch FP32 reference on the eval set",
     )
-    model.attach(final, tuple(sorted({f for s in recipe.enabled_stages() for f in STAGES[s].model_files}))
-                 + FRONTEND_FILES)
+    model.attach(final, all_model_files)
     final.files["eval"] = (eval_set.root, eval_files)
     final.preflight = _audio_preflight(eval_files)
-    steps = [final]
+    targets = [final]
     if until is not None:
         # Partial build: per stage, the deepest step at or before ``until`` (no pipeline check, no bundle).
         keep = STEP_ORDER[: STEP_ORDER.index(until) + 1]
-        steps = [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
-    return BuildPlan(recipe, steps, final, stage_steps)
+        targets = [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
+    return BuildPlan(recipe, targets, final, stage_steps)
+
+
+def _module_roots(sinfo: Any, *hooks: str) -> tuple[str, ...]:
+    """The stage's package and the modules of its hooks: code reached through the registry, which a
+    static import walk from the step body cannot see."""
+    return (sinfo.package, sinfo.runtime.split(":")[0]) + tuple(sinfo.ref(h).split(":")[0] for h in hooks)
+
+
+def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, target: str, suffix: str = "") -> Step:
+    return Step(
+        name=f"{stage}.engine{suffix}", kind=f"engine.{info.name}", run=lazy("cosycompile.backends.step:build_engine"),
+        code=(info.package, info.ref("build").split(":")[0]), params={"backend": info.name, "precision": fmt}, spec=options,
+        deps={"graphs": graphs}, tools=info.tools, target=target,
+        describe=f"build the {stage} {fmt} engine with {info.name}",
+        preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
+    )
+
+
+def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, ...]) -> Step | None:
+    """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
+    stages = [s for s in recipe.enabled_stages()
+              if (q := recipe.typed(s)["quantizer"]) is not None and q.needs_calibration(recipe.typed(s)["quantize"].format)]
+    if not stages:
+        return None
+    cal = recipe.calibration
+    calib_set = load_dataset(recipe.resolve_path(cal.set), what="calibration set")
+    items = calib_set.head(cal.max_items)
+    files = sorted({calib_set.root / "manifest.jsonl", *[i.prompt_wav for i in items if i.prompt_wav]})
+    from cosycompile.stages import stage_infos
+
+    step = Step(
+        name="calibrate", kind="calibrate", run=lazy("cosycompile.quantize.calibrate:run"),
+        code=tuple(m for s in stage_infos().values() for m in _module_roots(s, "modules")),
+        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages},
+        tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
+    )
+    model.attach(step, model_files)
+    step.files["calib"] = (calib_set.root, files)
+    step.preflight = _audio_preflight(files)
+    return step
 
 
 def _audio_preflight(files: list[Path]) -> Callable[[], None]:
@@ -210,136 +255,18 @@ def _unavailable_preflight(stage: str, info: Any) -> Callable[[], None]:
     return check
 
 
-def _engine_step(stage: str, info: Any, options: dict[str, Any], fmt: str, graphs: Step, target: str,
-                 suffix: str = "") -> Step:
-    return Step(
-        name=f"{stage}.engine{suffix}", kind=f"engine.{info.name}",
-        run=_lazy("cosycompile.core.steps", "build_engine"),
-        params={"backend": info.name, "options": info.resolved_options(options), "precision": fmt},
-        deps={"graphs": graphs}, sources=(f"backends/{info.name}.py", "steps_common.py", "graphs_dir.py"),
-        tools=info.tools, target=target, describe=f"build the {stage} {fmt} engine with {info.name}",
-        preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
-    )
-
-
-def _calibrate_step(recipe: Recipe, model: ModelInput) -> Step | None:
-    """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
-    from cosycompile.quantize import needs_calibration
-
-    stages = [s for s in recipe.enabled_stages() if needs_calibration(recipe.stage(s).quantize.format)]
-    if not stages:
-        return None
-    cal = recipe.calibration
-    calib_set = load_dataset(recipe.resolve_path(cal.set), what="calibration set")
-    items = calib_set.head(cal.max_items)
-    files = sorted({calib_set.root / "manifest.jsonl", *[i.prompt_wav for i in items if i.prompt_wav]})
-    step = Step(
-        name="calibrate", kind="calibrate", run=_lazy("cosycompile.quantize.calibrate", "run"),
-        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages},
-        sources=("quantize/calibrate.py", "pipeline.py", "reference.py", "frontend.py", "dsp.py", "dataset.py",
-                 "models", "stages"),
-        tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
-    )
-    model.attach(step, tuple(sorted({f for s in stages for f in STAGES[s].model_files})) + FRONTEND_FILES)
-    step.files["calib"] = (calib_set.root, files)
-    step.preflight = _audio_preflight(files)
-    return step
-
-
-def _quantize_step(recipe: Recipe, stage: str, simplify: Step, calibrate: Step | None, model: ModelInput) -> Step:
-    from cosycompile.quantize import DEFAULT_METHOD, needs_calibration
-
-    spec = recipe.stage(stage)
-    q = spec.quantize
-    target = TARGETS[recipe.target]
-    hp = q.high_precision_dtype if q.high_precision_dtype != "auto" else ("fp32" if target.kind == "cpu" else "fp16")
-    params = q.model_dump()
-    params.update(method=q.method or DEFAULT_METHOD[q.format], high_precision_dtype=hp, stage=stage,
-                  opset=spec.export.opset)
-    impl = "cosycompile.quantize.llm_ptq" if stage == "llm" else "cosycompile.quantize.onnx_ptq"
-    step = Step(
-        name=f"{stage}.quantize", kind=f"{stage}.quantize", run=_lazy(impl, "quantize"), params=params,
-        deps={"graphs": simplify}, sources=("quantize", "onnx_tools.py", "graphs_dir.py", "models", f"stages/{stage}.py"),
-        tools=("nvidia-modelopt", "onnx", "onnxruntime", "torch", "transformers"), target=target.name,
-        describe=f"quantize {stage} to {q.format} ({params['method']})",
-    )
-    if needs_calibration(q.format):
-        assert calibrate is not None
-        step.deps["calib"] = calibrate
-    if stage == "llm":
-        model.attach(step, STAGES[stage].model_files)
-        if q.exclude:
-            source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
-            step.preflight = _llm_exclusion_preflight(source, list(q.exclude))
-    return step
-
-
-def _llm_exclusion_preflight(source: Any, patterns: list[str]) -> Callable[[], None]:
+def _exclusion_preflight(qinfo: Any, source: Any, patterns: list[str]) -> Callable[[], None]:
     def check() -> None:
-        from cosycompile.quantize.llm_ptq import exclusion_preflight
+        from cosycompile.core.plugins import load_object
 
-        exclusion_preflight(source, patterns)
+        load_object(qinfo.ref("quantize").split(":")[0] + ":exclusion_preflight")(source, patterns)
 
     return check
 
 
-def executor(plan: BuildPlan, store: Store, reporter: Reporter, force: bool = False) -> Executor:
+def executor(plan: BuildPlan, store: Any, reporter: Any, force: bool = False) -> Any:
     """An Executor for the plan, remembering state per recipe name (to explain rebuilds)."""
+    from cosycompile.core.graph import Executor, StateFile
+
     state = StateFile(store.root / "state" / f"{plan.recipe.name}.json")
     return Executor(store, plan.steps, state, reporter, force=force)
-
-
-def bundle_dir(plan: BuildPlan, store: Store) -> Path:
-    return store.root / "builds" / f"{plan.recipe.name}-{plan.final.key(store)[:12]}"
-
-
-def assemble_bundle(plan: BuildPlan, store: Store, result: BuildResult) -> Path:
-    """Publish ``builds/<name>-<key12>/`` atomically from the cache entries (no-op if present)."""
-    dest = bundle_dir(plan, store)
-    if (dest / "manifest.json").is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
-    try:
-        for stage, steps in plan.stage_steps.items():
-            src = result.entries[steps["engine"].name].data
-            shutil.copytree(src, tmp / "engines" / stage, copy_function=_link)
-        final = result.entries[plan.final.name].data
-        for f in final.iterdir():
-            if f.is_file():
-                _link(str(f), str(tmp / f.name))
-            else:
-                shutil.copytree(f, tmp / f.name, copy_function=_link)
-        manifest = {
-            "schema": 1,
-            "cosycompile": __version__,
-            "recipe": plan.recipe.name,
-            "recipe_source": plan.recipe.source,
-            "model": plan.recipe.model,
-            "target": plan.recipe.target,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "key": plan.final.key(store),
-            "steps": {name: {"key": e.key, "seconds": e.meta.get("seconds")} for name, e in result.entries.items()},
-            "stages": {s: {"backend": plan.recipe.stage(s).engine.backend,
-                           "precision": plan.recipe.stage(s).quantize.format,
-                           "engine_key": result.entries[st["engine"].name].key}
-                       for s, st in plan.stage_steps.items()},
-            "tools": tool_versions(("torch", "transformers", "onnx", "onnxruntime", "onnxslim")),
-        }
-        (tmp / "recipe.json").write_text(plan.recipe.model_dump_json(indent=1, exclude={"source", "base_dir"}))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        from cosycompile.validate.report import render_bundle
-
-        render_bundle(tmp)
-        os.replace(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
-
-
-def _link(src: str, dst: str) -> None:
-    Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

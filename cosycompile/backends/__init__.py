@@ -1,96 +1,59 @@
-"""Engine backends as plug-ins.
+"""Engine backends as plug-ins: each sub-folder is one backend, named as recipes name it
+(``stages.<stage>.engine.backend``).
 
-Each backend module exposes the same two verbs::
+A backend folder's ``__init__.py`` is light (no runtime imports): ``PLUGIN = BackendInfo(...)``
+with its typed options and what it can build. Its ``build.py`` holds the two verbs every backend
+has::
 
-    build(src: Path, options: dict, target: Target, out: Path) -> dict   # graphs dir -> engine dir
-    load(engine_dir: Path, threads: int) -> dict[str, Runner]           # engine dir -> runners
+    build(src: Path, options: Options, target: Target, out: Path) -> dict   # graphs dir -> engine dir
+    load(engine_dir: Path, threads: int) -> dict[str, Runner]              # engine dir -> runners
 
-This registry only holds light metadata (no runtime imports), so validating a recipe or
-planning a build never imports ONNX Runtime, TensorRT or torch.
+``build`` returns the backend's own passport fields; the engine step adds the common ones
+(backend name, target, precision, graph specs, key) and writes ``engine.json``.
 """
 
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
-from types import ModuleType
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
+from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.recipe.targets import Target
-from cosycompile.backends.options import OnnxRuntimeOptions, TensorRTOptions, TrtLLMOptions
 
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """What the planner needs to know about a backend without importing it."""
+    """What recipes and the planner need to know about a backend without importing it."""
 
-    name: str
-    module: str
     options: type[BaseModel]
-    tools: tuple[str, ...]
-    target_kinds: tuple[str, ...]
-    extra_check: Callable[[Target], str | None] | None = field(default=None)
-    unavailable: str | None = None  # why this cosycompile cannot build with it yet
+    tools: tuple[str, ...]  # distributions whose versions enter the engine key
+    target_kinds: tuple[str, ...]  # "cpu", "gpu"
+    consumes: str = "onnx"  # "onnx": a graphs dir of ONNX files; "checkpoint": an LLM checkpoint export
+    stages: tuple[str, ...] | None = None  # None: any stage whose graphs it consumes
+    check_format: Callable[[str, str, Any, int], tuple[str, str] | None] | None = None
+    check_target: Callable[[Target], str | None] | None = None
+    unavailable: str | None = None  # why this installation cannot build with it
+    build: str = ".build:build"
+    load: str = ".build:load"
+    name: str = ""
+    package: str = ""
 
-    def check_target(self, target: Target) -> str | None:
+    def target_problem(self, target: Target) -> str | None:
         """A reason the backend cannot build for ``target``, or None."""
         if target.kind not in self.target_kinds:
             return f"it builds for {'/'.join(self.target_kinds)} targets only"
-        if self.extra_check:
-            return self.extra_check(target)
-        return None
+        return self.check_target(target) if self.check_target else None
 
-    def check_options(self, options: dict[str, Any]) -> tuple[str, str] | None:
-        """(key, message) for the first bad engine option, or None."""
-        try:
-            self.options.model_validate(options)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            key = ".".join(str(p) for p in err["loc"]) or "options"
-            if err["type"] == "extra_forbidden":
-                known = ", ".join(self.options.model_fields)
-                return key, f"unknown engine option '{key}' for backend '{self.name}' (known: {known})"
-            return key, f"engine option '{key}': {err['msg']} (got {err.get('input')!r})"
-        return None
+    def ref(self, attr: str) -> str:
+        return resolve_ref(self.package, getattr(self, attr))
 
-    def resolved_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        """Options with defaults filled in (what goes into the step key)."""
-        return self.options.model_validate(options).model_dump()
-
-    def impl(self) -> ModuleType:
-        """Import the backend's implementation module (heavy imports happen here)."""
-        return importlib.import_module(self.module)
+    def hook(self, attr: str) -> Any:
+        """Import and return ``build`` or ``load`` (heavy imports happen here)."""
+        return load_object(self.ref(attr))
 
 
-BACKENDS: dict[str, BackendInfo] = {
-    "onnxruntime": BackendInfo(
-        name="onnxruntime",
-        module="cosycompile.backends.onnxruntime",
-        options=OnnxRuntimeOptions,
-        tools=("onnxruntime", "onnx"),
-        target_kinds=("cpu",),
-    ),
-    "tensorrt": BackendInfo(
-        name="tensorrt",
-        module="cosycompile.backends.tensorrt",
-        options=TensorRTOptions,
-        tools=("tensorrt",),
-        target_kinds=("gpu",),
-        unavailable="the TensorRT backend is not part of this version of cosycompile yet",
-    ),
-    "trtllm": BackendInfo(
-        name="trtllm",
-        module="cosycompile.backends.trtllm",
-        options=TrtLLMOptions,
-        tools=("tensorrt-llm",),
-        target_kinds=("gpu",),
-        unavailable="the TensorRT-LLM backend is not part of this version of cosycompile yet",
-    ),
-}
-
-
-def get_backend_info(name: str) -> BackendInfo | None:
-    """Registry lookup; None for an unknown backend."""
-    return BACKENDS.get(name)
+def backend_infos() -> dict[str, BackendInfo]:
+    """Every backend plug-in by name."""
+    return discover("backends")

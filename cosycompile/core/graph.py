@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from cosycompile.cache.local import Entry, Store
-from cosycompile.core.hashing import digest_files, digest_obj, source_digest, tool_versions
+from cosycompile.core.hashing import digest_files, digest_obj, tool_versions
 
 T = TypeVar("T")
 
@@ -34,6 +34,7 @@ class StepContext:
     out: Path
     target: str | None
     reporter: "Reporter"
+    spec: Any = None  # the plug-in's typed spec (quantizer spec, backend options, check workload)
 
     def progress(self, items: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
         """Iterate with a progress bar on a terminal (plain when not)."""
@@ -48,8 +49,10 @@ class Step:
     """A node of the build graph.
 
     ``run`` fills ``ctx.out`` and may return JSON-able metadata that is stored with the entry.
-    ``sources`` are package-relative paths whose code implements the step (hashed into the key);
-    ``tools`` are distributions whose versions matter to the output.
+    The key's code digest is the static import closure of ``run``'s module plus ``code`` (modules
+    the body reaches through a plug-in registry, which no import statement names); ``spec`` is the
+    plug-in's typed spec, hashed as JSON and handed to the body; ``tools`` are distributions whose
+    versions matter to the output.
     """
 
     name: str
@@ -58,7 +61,8 @@ class Step:
     params: dict[str, Any] = field(default_factory=dict)
     deps: dict[str, "Step"] = field(default_factory=dict)
     files: dict[str, tuple[Path, list[Path]]] = field(default_factory=dict)  # name -> (root, files)
-    sources: tuple[str, ...] = ()
+    code: tuple[str, ...] = ()
+    spec: Any = None
     tools: tuple[str, ...] = ()
     target: str | None = None
     describe: str = ""
@@ -70,10 +74,15 @@ class Step:
     def components(self, store: Store) -> dict[str, Any]:
         """Everything the key is made of, as a JSON-able dict (also used to explain rebuilds)."""
         if self._components is None:
+            from cosycompile.core.keys import code_digest
+
+            params = dict(self.params)
+            if self.spec is not None:
+                params["spec"] = self.spec.model_dump(mode="json")
             self._components = {
                 "kind": self.kind,
-                "code": source_digest(self.sources),
-                "params": self.params,
+                "code": code_digest(self.code_roots()),
+                "params": params,
                 "inputs": {n: d.key(store) for n, d in sorted(self.deps.items())},
                 "files": {
                     n: digest_files(fs, store.stat_cache, root) for n, (root, fs) in sorted(self.files.items())
@@ -83,10 +92,28 @@ class Step:
             }
         return self._components
 
+    def code_roots(self) -> tuple[str, ...]:
+        """Modules whose import closure is this step's code."""
+        return (getattr(self.run, "module", self.run.__module__),) + self.code
+
     def key(self, store: Store) -> str:
         if self._key is None:
             self._key = digest_obj(self.components(store))
         return self._key
+
+
+def lazy(ref: str) -> Callable[[StepContext], Any]:
+    """A step body ``"module:function"`` imported only when the step actually runs (torch stays
+    unimported on a cached build); ``.module`` names it for the code digest."""
+
+    def run(ctx: StepContext) -> Any:
+        from cosycompile.core.plugins import load_object
+
+        return load_object(ref)(ctx)
+
+    run.module = ref.split(":")[0]  # type: ignore[attr-defined]
+    run.__qualname__ = ref
+    return run
 
 
 def topo_order(steps: Iterable[Step]) -> list[Step]:
@@ -205,7 +232,10 @@ class Executor:
 
     def __init__(self, store: Store, targets: list[Step], state: StateFile, reporter: Reporter,
                  force: bool = False) -> None:
+        from cosycompile.core.keys import set_persistent_cache
+
         self.store = store
+        set_persistent_cache(store.cache_dir / "codecache.json")
         self.steps = topo_order(targets)
         self.state = state
         self.reporter = reporter
@@ -267,6 +297,7 @@ class Executor:
                             out=stage / "data",
                             target=s.target,
                             reporter=self.reporter,
+                            spec=s.spec,
                         )
                         meta = s.run(ctx) or {}
                         dt = time.perf_counter() - t0

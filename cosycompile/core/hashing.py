@@ -15,7 +15,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
-PACKAGE_ROOT = Path(__file__).resolve().parent
 _CHUNK = 1 << 20
 
 
@@ -96,24 +95,6 @@ def digest_files(files: Iterable[Path], stat_cache: StatCache, root: Path | None
         name = str(f.relative_to(root)) if root else f.name
         entries.append((name, stat_cache.digest(f)))
     return digest_obj(sorted(entries))
-
-
-@lru_cache(maxsize=None)
-def source_digest(sources: tuple[str, ...]) -> str:
-    """Digest of the implementation: package-relative .py files or folders (recursively).
-
-    Edited code must change keys; hashing the source text is cheap and needs no imports.
-    """
-    entries = []
-    for rel in sources:
-        p = PACKAGE_ROOT / rel
-        if not p.exists():  # e.g. a planned backend without an implementation yet
-            entries.append((rel, "absent"))
-            continue
-        files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
-        for f in files:
-            entries.append((str(f.relative_to(PACKAGE_ROOT)), sha256_bytes(f.read_bytes())))
-    return digest_obj(entries)
 
 
 @lru_cache(maxsize=None)

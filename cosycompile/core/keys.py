@@ -260,19 +260,17 @@ def _closure(roots: Iterable[str], package_root: Path) -> dict[str, tuple[str, s
         is_package = rel.endswith("__init__.py")
         for level, mod, names in facts.imports:
             base = _resolve_base(module, is_package, level, mod, here)
-            if not _ours(base):
-                # Only reachable through a relative import that climbed out of the package.
-                raise CodeDigestError(here, base, "relative import beyond the top-level package")
             need(base, here)
-            if not names:
-                continue
             for name in names:
                 if name == "*":
-                    # ``from pkg import *`` imports submodules only when ``__all__`` names them,
-                    # which the walk cannot see without executing code; attributes need nothing.
+                    # ``from pkg import *`` loads the submodules that ``pkg.__all__`` names, which
+                    # only running ``pkg`` reveals: take them all (modulefinder takes none).
+                    prefix = base + "."
+                    for sub in [m for m in index if m.startswith(prefix) and "." not in m[len(prefix):]]:
+                        need(sub, here)
                     continue
                 sub = f"{base}.{name}"
-                # Not a submodule: an attribute of ``base``, which exists; nothing more to load.
+                # Otherwise ``name`` is an attribute of ``base``, which exists: nothing more to load.
                 if sub in index:
                     need(sub, here)
     _save_persistent()

@@ -1,81 +1,95 @@
-"""Quantization formats per stage and the rules that say where each can run.
+"""Quantizers as plug-ins: each sub-folder is one quantizer (``stages.<stage>.quantize.quantizer``,
+chosen by stage and format when the recipe does not name one).
 
-Light on purpose: recipe validation calls :func:`format_problem` without importing ModelOpt.
-The step bodies live in ``calibrate.py`` (recording the FP32 reference), ``llm_ptq.py`` (ModelOpt
-PyTorch PTQ of the LM) and ``onnx_ptq.py`` (ModelOpt ONNX PTQ of the flow estimator and HiFT).
+A quantizer folder's ``__init__.py`` is light: ``PLUGIN = QuantizerInfo(...)`` with its typed spec,
+the formats and stages it handles and the rules its spec must follow; ``quantize.py`` holds the
+step body ``quantize(ctx)``. ``calibrate.py`` here records every stage's real inputs from the FP32
+reference for all quantizers to read.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable, Literal
 
+from pydantic import BaseModel, ConfigDict
+
+from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.recipe.targets import Target
 
-STAGE_FORMATS: dict[str, tuple[str, ...]] = {
-    "llm": ("fp32", "int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"),
-    "flow": ("fp32", "int8", "fp8", "int4"),
-    "hift": ("fp32", "int8", "fp8", "int4"),
-}
-
-METHODS: dict[str, tuple[str, ...]] = {
-    "int8": ("max", "entropy"),
-    "fp8": ("max", "entropy"),
-    "int4": ("awq_clip", "awq_lite", "rtn_dq"),
-    "int8_sq": ("max",),
-    "int8_wo": ("max",),
-    "int4_awq": ("awq_lite", "awq_full", "awq_clip", "autoawq"),
-    "w4a8_awq": ("awq_lite", "awq_full", "awq_clip"),
-}
-
-DEFAULT_METHOD = {"int8": "max", "fp8": "max", "int4": "awq_clip", "int8_sq": "max", "int8_wo": "max",
-                  "int4_awq": "awq_lite", "w4a8_awq": "awq_lite"}
-
 # Formats whose compute needs FP8 tensor cores (Ada / Hopper and newer).
-_NEEDS_SM89 = ("fp8", "w4a8_awq")
+NEEDS_SM89 = ("fp8", "w4a8_awq")
 
 
-def needs_calibration(fmt: str) -> bool:
-    """Weight-only formats are calibrated from weights alone; the rest read recorded activations."""
-    return fmt not in ("fp32", "int8_wo")
+class NoQuantization(BaseModel):
+    """``format: fp32``: the exported graphs go to the engine as they are."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["fp32"] = "fp32"
 
 
-def autoawq_problem() -> str | None:
-    """Why the optional AutoAWQ method cannot run here, or None (checked without importing it)."""
-    from importlib.util import find_spec
+@dataclass(frozen=True)
+class QuantizerInfo:
+    """What recipes and the planner need to know about a quantizer without importing it."""
 
-    if find_spec("awq") is None:
-        return ("method 'autoawq' needs the optional AutoAWQ package (pip install 'cosycompile[autoawq]'); "
-                "ModelOpt's awq_lite/awq_full need nothing extra")
-    return ("method 'autoawq' is installed but not wired into this version: AutoAWQ's packed INT4 kernels "
-            "need a GPU and the project is deprecated upstream; use awq_lite or awq_full")
+    spec: type[BaseModel]  # must have ``format`` (and accept ``quantizer``)
+    formats: tuple[str, ...]
+    tools: tuple[str, ...]
+    stages: tuple[str, ...] | None = None  # None: every stage with quantizable ONNX graphs
+    weight_only: tuple[str, ...] = ()  # formats calibrated from weights alone (no recorded activations)
+    check: Callable[[Any, str], tuple[str, str] | None] | None = None  # (spec, stage) -> (key, reason)
+    quantize: str = ".quantize:quantize"
+    name: str = ""
+    package: str = ""
+
+    def handles(self, stage: str, fmt: str, stage_has_quantizable_graphs: bool) -> bool:
+        """Whether this quantizer can produce ``fmt`` for ``stage``."""
+        if fmt not in self.formats:
+            return False
+        return stage in self.stages if self.stages is not None else stage_has_quantizable_graphs
+
+    def needs_calibration(self, fmt: str) -> bool:
+        return fmt not in self.weight_only
+
+    def ref(self, attr: str) -> str:
+        return resolve_ref(self.package, getattr(self, attr))
+
+    def hook(self, attr: str) -> Any:
+        return load_object(self.ref(attr))
 
 
-def format_problem(stage: str, quant: Any, target: Target, backend: str, engine_options: dict[str, Any],
-                   opset: int) -> tuple[str, str] | None:
-    """(key, reason) when ``quant`` cannot be built for this stage/target/backend, else None."""
-    fmt = quant.format
-    if fmt not in STAGE_FORMATS[stage]:
-        return "format", (f"stage '{stage}' cannot use format '{fmt}' "
-                          f"(supported: {', '.join(STAGE_FORMATS[stage])})")
-    if fmt == "fp32":
-        return None
-    if quant.method is not None and quant.method not in METHODS[fmt]:
-        return "method", f"format '{fmt}' cannot use method '{quant.method}' (supported: {', '.join(METHODS[fmt])})"
-    if quant.method == "autoawq":
-        problem = autoawq_problem()
-        if problem:
-            return "method", problem
-    if target.kind == "gpu" and fmt in _NEEDS_SM89 and target.sm is not None and target.sm < (8, 9):
-        return "format", (f"format '{fmt}' needs FP8 tensor cores (compute capability >= 8.9); "
-                          f"target '{target.name}' is {target.sm_tag}")
-    if target.kind == "cpu":
-        if fmt == "int4" and backend == "onnxruntime":
-            return "format", ("ModelOpt's ONNX INT4 output (blocked DequantizeLinear on Gemm weights) is rejected by "
-                              "ONNX Runtime CPU at run time; use int8 for flow/hift on cpu (int4 is for TensorRT)")
-        if fmt == "w4a8_awq":
-            return "format", "format 'w4a8_awq' has no CPU kernels (FP8 activations); use int4_awq or int8_sq on cpu"
-        if fmt == "fp8" and backend == "onnxruntime":
-            if engine_options.get("optimization", "extended") != "disable" or opset < 21:
-                return "format", ("FP8 Q/DQ graphs run on ONNX Runtime CPU only with stages.<stage>.export.opset: 21 "
-                                  "and engine option optimization: disable (reference kernels, slow)")
+def quantizer_infos() -> dict[str, QuantizerInfo]:
+    """Every quantizer plug-in by name."""
+    return discover("quantize")
+
+
+def choose_quantizer(stage: str, fmt: str, named: str | None) -> QuantizerInfo | str:
+    """The quantizer for ``fmt`` on ``stage`` (the one named, else the first that handles it), or
+    the reason there is none."""
+    from cosycompile.stages import get_stage
+
+    quantizable = any(g.quantizable for g in get_stage(stage).graphs)
+    infos = quantizer_infos()
+    if named is not None:
+        q = infos.get(named)
+        if q is None:
+            return f"unknown quantizer '{named}' (known: {', '.join(infos)})"
+        if not q.handles(stage, fmt, quantizable):
+            return f"quantizer '{named}' cannot produce '{fmt}' for stage '{stage}' (formats: {', '.join(q.formats)})"
+        return q
+    # A quantizer written for this stage wins over a generic one.
+    ranked = sorted(infos.values(), key=lambda q: q.stages is None)
+    for q in ranked:
+        if q.handles(stage, fmt, quantizable):
+            return q
+    known = sorted({f for q in ranked for f in q.formats if q.handles(stage, f, quantizable)})
+    return f"stage '{stage}' cannot use format '{fmt}' (supported: fp32, {', '.join(known)})"
+
+
+def target_problem(fmt: str, target: Target) -> str | None:
+    """A reason ``target`` cannot run ``fmt`` at all, or None."""
+    if target.kind == "gpu" and fmt in NEEDS_SM89 and target.sm is not None and target.sm < (8, 9):
+        return (f"format '{fmt}' needs FP8 tensor cores (compute capability >= 8.9); "
+                f"target '{target.name}' is {target.sm_tag}")
     return None

@@ -20,7 +20,6 @@ import numpy as np
 
 from cosycompile.runtime.runner import Runner
 from cosycompile.core.graph import StepContext
-from cosycompile.stage_io import STAGE_GRAPHS
 
 INDEX = "index.json"
 
@@ -91,7 +90,9 @@ def run(ctx: StepContext) -> dict[str, Any]:
         "flow_estimator": _spread(est.records, p["max_estimator_calls"]),
         "hift": voc.records,
     }
-    wanted = {io.name for s in ctx.params["stages"] for io in STAGE_GRAPHS[s]}
+    from cosycompile.stages import get_stage
+
+    wanted = {g.name for s in ctx.params["stages"] for g in get_stage(s).graphs}
     index = {}
     for graph, recs in records.items():
         if graph in wanted and recs:

@@ -10,14 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from cosycompile.errors import RecipeError
 from cosycompile.recipe.targets import TARGETS
 from cosycompile.recipe.yaml_lines import KeyPath, Located, load_located, merge
-
-STAGE_NAMES = ("llm", "flow", "hift")
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -30,85 +27,22 @@ class ExportSpec(_Strict):
     simplify: Literal["onnxslim", "onnxsim", "none"] = "onnxslim"
 
 
-QuantFormat = Literal["fp32", "int8", "int8_sq", "int8_wo", "int4", "int4_awq", "w4a8_awq", "fp8"]
-
-
-class QuantizeSpec(_Strict):
-    """Numeric format of the stage's weights/activations and how to calibrate it.
-
-    LLM formats go through ModelOpt's PyTorch PTQ (int8_sq, int8_wo, int4_awq, w4a8_awq, fp8);
-    flow and HiFT formats through ModelOpt's ONNX PTQ (int8, fp8, int4).
-    """
-
-    format: QuantFormat = "fp32"
-    method: Literal["max", "entropy", "awq_clip", "awq_lite", "awq_full", "rtn_dq"] | None = Field(
-        None, description="calibration method (default: per format)")
-    alpha: float = Field(0.5, ge=0.0, le=1.0, description="SmoothQuant migration strength (int8_sq)")
-    block_size: int = Field(128, ge=16, description="INT4 block (group) size")
-    exclude: list[str] = Field(default_factory=list,
-                               description="layers kept in high precision: module wildcards (llm) or node-name regexes")
-    high_precision_dtype: Literal["auto", "fp32", "fp16"] = Field(
-        "auto", description="dtype of the non-quantized parts; auto = fp32 on CPUs, fp16 on GPUs")
-    calib_items: int = Field(16, ge=1, description="calibration items used from the calibration set")
-    exports: list[Literal["onnx", "hf", "trtllm"]] = Field(
-        default_factory=lambda: ["onnx"], description="LLM only: checkpoint formats written besides the ONNX step")
-
-
 class EngineSpec(_Strict):
-    """Which backend turns the (quantized) graph into an engine, with backend-specific options."""
+    """Which backend turns the (quantized) graphs into an engine; ``options`` is that backend's spec."""
 
     backend: str = "onnxruntime"
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class LLMCheck(_Strict):
-    """Stage check for the LLM decode step against the PyTorch FP32 reference (None: not checked)."""
+class StageSpec(_Strict):
+    """One stage of a recipe. ``quantize`` and ``engine.options`` are validated by the chosen
+    quantizer's and backend's own specs; ``check`` by the stage's check spec."""
 
-    max_abs_logit_error: float | None = Field(1e-3, gt=0)
-    identical_greedy_tokens: bool = True
-    min_top1_agreement: float | None = Field(None, ge=0, le=1)
-    min_logit_cosine: float | None = Field(None, ge=-1, le=1)
-    max_kl: float | None = Field(None, ge=0)
-
-
-class FlowCheck(_Strict):
-    """Stage check for the flow estimator (and the full 10-step CFM) against PyTorch FP32."""
-
-    lengths: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512], min_length=1)
-    max_abs_error: float | None = Field(1e-3, gt=0)
-    min_mel_snr_db: float = 30.0
-
-
-class HiFTCheck(_Strict):
-    """Stage check for the vocoder (network up to the iSTFT, iSTFT in numpy)."""
-
-    min_snr_db: float = 40.0
-    max_log_mel_l1: float | None = Field(None, ge=0)
-
-
-class _StageBase(_Strict):
     enabled: bool = True
     export: ExportSpec = ExportSpec()
-    quantize: QuantizeSpec = QuantizeSpec()
+    quantize: dict[str, Any] = Field(default_factory=lambda: {"format": "fp32"})
     engine: EngineSpec = EngineSpec()
-
-
-class LLMStage(_StageBase):
-    check: LLMCheck = LLMCheck()
-
-
-class FlowStage(_StageBase):
-    check: FlowCheck = FlowCheck()
-
-
-class HiFTStage(_StageBase):
-    check: HiFTCheck = HiFTCheck()
-
-
-class Stages(_Strict):
-    llm: LLMStage = LLMStage()
-    flow: FlowStage = FlowStage()
-    hift: HiFTStage = HiFTStage()
+    check: dict[str, Any] = Field(default_factory=dict)
 
 
 class SamplingSpec(_Strict):
@@ -120,9 +54,16 @@ class SamplingSpec(_Strict):
 
 
 class SpeedSpec(_Strict):
+    """How speed is measured: always on the first eval item, as a ratio against the FP32 reference."""
+
     warmup: int = Field(1, ge=0)
-    runs: int = Field(3, ge=1)
+    runs: int = Field(3, ge=1, description="timed runs per side (interleaved pairs with reference: same-run)")
     threads: int = Field(2, ge=1, description="intra-op threads for both reference and engines")
+    reference: Literal["same-run", "cached"] = Field(
+        "same-run", description="same-run: reference and build timed in interleaved pairs in this run; cached: the "
+                                "reference step's own timing is reused (fast re-validation, noisier ratios)")
+    throughput: list[int] = Field(default_factory=lambda: [1, 2, 4],
+                                  description="concurrency levels of the throughput measurement (empty: none)")
 
 
 class CalibrationSpec(_Strict):
@@ -141,8 +82,13 @@ class GateSpec(_Strict):
     against the reference measured in the same run.
     """
 
-    min: dict[str, float] = Field(default_factory=dict)
-    max: dict[str, float] = Field(default_factory=dict)
+    min: dict[str, float | None] = Field(default_factory=dict, description="metric -> lowest allowed (null: not gated)")
+    max: dict[str, float | None] = Field(default_factory=dict, description="metric -> highest allowed (null: not gated)")
+
+    def thresholds(self) -> dict[str, dict[str, float]]:
+        """min/max with the entries a recipe switched off (null) dropped."""
+        return {"min": {k: v for k, v in self.min.items() if v is not None},
+                "max": {k: v for k, v in self.max.items() if v is not None}}
     baseline: str | None = Field(None, description="baseline report.json or bundle, relative to the recipe file")
     max_quality_drop: float = Field(0.05, ge=0, description="allowed relative quality drop vs the baseline")
     max_slowdown: float = Field(0.25, ge=0, description="allowed relative loss of speed-up vs the baseline")
@@ -163,20 +109,29 @@ class Recipe(_Strict):
     description: str = ""
     model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a CosyVoice2 model dir")
     target: str = "cpu"
-    stages: Stages = Stages()
+    stages: dict[str, StageSpec] = Field(default_factory=dict)
     calibration: CalibrationSpec = CalibrationSpec()
     validation: ValidationSpec
+    exports: list[str] = Field(default_factory=lambda: ["bundle"], description="deployable outputs (exporters)")
 
     source: str = ""
     base_dir: str = ""
+    _typed: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
 
-    def stage(self, name: str) -> _StageBase:
-        """The spec of stage ``name``."""
-        return getattr(self.stages, name)
+    def stage(self, name: str) -> StageSpec:
+        """The spec of stage ``name`` (defaults for a stage the recipe does not mention)."""
+        return self.stages.get(name, StageSpec())
 
     def enabled_stages(self) -> list[str]:
         """Stage names in pipeline order that the recipe builds."""
-        return [s for s in STAGE_NAMES if self.stage(s).enabled]
+        from cosycompile.stages import stage_infos
+
+        return [s for s in stage_infos() if self.stage(s).enabled]
+
+    def typed(self, stage: str) -> dict[str, Any]:
+        """The stage's plug-in specs, validated at load: ``quantize`` (the quantizer's spec or
+        NoQuantization), ``quantizer`` (its info, or None), ``backend`` (info), ``options``, ``check``."""
+        return self._typed[stage]
 
     def resolve_path(self, value: str) -> Path:
         """A path from the recipe, relative to the recipe file's folder."""
@@ -223,15 +178,17 @@ def _dotted(path: KeyPath) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _format_pydantic(err: ValidationError, located: Located) -> str:
+def _format_pydantic(err: ValidationError, located: Located, prefix: KeyPath = ()) -> str:
     errors = err.errors()
     first = errors[0]
-    loc = tuple(first["loc"])
+    loc = prefix + tuple(first["loc"])
     key = _dotted(loc)
     if first["type"] == "extra_forbidden":
         msg = f"unknown key '{key}'"
         if loc[:-1] == ("stages",):
-            msg += f" (stages are: {', '.join(STAGE_NAMES)})"
+            from cosycompile.stages import stage_infos
+
+            msg += f" (stages are: {', '.join(stage_infos())})"
     elif first["type"] == "missing":
         msg = f"missing required key '{key}'"
     else:
@@ -262,56 +219,89 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe
 
 
-def _check_combinations(recipe: Recipe, located: Located) -> None:
-    """Cross-field rules that a per-field schema cannot express."""
-    # Imported here: the registries are light, but they import this module's types.
-    from cosycompile.backends import get_backend_info
-    from cosycompile.quantize import format_problem
-    from cosycompile.stages import get_stage
+def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: KeyPath) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_format_pydantic(exc, located, prefix)) from None
 
+
+def _check_combinations(recipe: Recipe, located: Located) -> None:
+    """Resolve every plug-in spec, and cross-field rules that a per-field schema cannot express."""
+    from cosycompile.backends import backend_infos
+    from cosycompile.exporters import exporter_infos
+    from cosycompile.quantize import NoQuantization, choose_quantizer, target_problem
+    from cosycompile.stages import stage_infos
+    from cosycompile.validate.registry import registry
+
+    stages = stage_infos()
+    for name in recipe.stages:
+        if name not in stages:
+            raise RecipeError(f"{located.where(('stages', name))}: unknown stage '{name}' (stages are: {', '.join(stages)})")
     if recipe.target not in TARGETS:
         raise RecipeError(
             f"{located.where(('target',))}: unknown target '{recipe.target}' (known: {', '.join(sorted(TARGETS))})"
         )
-    from cosycompile.validate.gate import METRICS
-
+    target = TARGETS[recipe.target]
+    metrics = registry()
     for kind in ("min", "max"):
-        for metric in getattr(recipe.validation.gate, kind):
-            if metric not in METRICS:
-                raise RecipeError(f"{located.where(('validation', 'gate', kind, metric))}: unknown gate metric "
-                                  f"'{metric}' (see cosycompile gate --list-metrics)")
+        for metric, value in getattr(recipe.validation.gate, kind).items():
+            where = located.where(("validation", "gate", kind, metric))
+            if metric not in metrics:
+                raise RecipeError(f"{where}: unknown gate metric '{metric}' (see cosycompile gate --list-metrics)")
+            if value is not None and value != value:
+                raise RecipeError(f"{where}: threshold for '{metric}' is NaN")
+    for i, name in enumerate(recipe.exports):
+        if name not in exporter_infos():
+            raise RecipeError(f"{located.where(('exports', i))}: unknown exporter '{name}' "
+                              f"(known: {', '.join(exporter_infos())})")
     if not recipe.enabled_stages():
         raise RecipeError(f"{located.where(('stages',))}: every stage is disabled; nothing to build")
-    for name in STAGE_NAMES:
+    backends = backend_infos()
+    for name in recipe.enabled_stages():
         spec = recipe.stage(name)
-        if not spec.enabled:
-            continue
-        where = located.where(("stages", name, "engine", "backend"))
-        info = get_backend_info(spec.engine.backend)
+        sinfo = stages[name]
+        base = ("stages", name)
+        check = _plugin_spec(sinfo.check_spec, spec.check, located, base + ("check",))
+        where = located.where(base + ("engine", "backend"))
+        info = backends.get(spec.engine.backend)
         if info is None:
-            from cosycompile.backends import BACKENDS
-
-            raise RecipeError(
-                f"{where}: unknown backend '{spec.engine.backend}' for stage '{name}' (known: {', '.join(BACKENDS)})"
-            )
-        stage = get_stage(name)
-        if spec.engine.backend not in stage.backends:
-            raise RecipeError(
-                f"{where}: stage '{name}' cannot use backend '{spec.engine.backend}' "
-                f"(supported: {', '.join(stage.backends)})"
-            )
-        problem = info.check_target(TARGETS[recipe.target])
+            raise RecipeError(f"{where}: unknown backend '{spec.engine.backend}' for stage '{name}' "
+                              f"(known: {', '.join(backends)})")
+        if info.stages is not None and name not in info.stages:
+            raise RecipeError(f"{where}: stage '{name}' cannot use backend '{info.name}' "
+                              f"(it builds: {', '.join(info.stages)})")
+        problem = info.target_problem(target)
         if problem:
             raise RecipeError(f"{where}: backend '{info.name}' cannot build for target '{recipe.target}': {problem}")
-        problem = info.check_options(spec.engine.options)
-        if problem:
-            key, msg = problem
-            raise RecipeError(f"{located.where(('stages', name, 'engine', 'options', key))}: {msg}")
-        qproblem = format_problem(name, spec.quantize, TARGETS[recipe.target], info.name, spec.engine.options,
-                                  spec.export.opset)
-        if qproblem:
-            key, msg = qproblem
-            raise RecipeError(f"{located.where(('stages', name, 'quantize', key))}: stages.{name}.quantize.{key}: {msg}")
-        if name != "llm" and spec.quantize.exports != ["onnx"]:
-            raise RecipeError(f"{located.where(('stages', name, 'quantize', 'exports'))}: "
-                              f"checkpoint exports (hf, trtllm) exist for the llm stage only")
+        options = _plugin_spec(info.options, spec.engine.options, located, base + ("engine", "options"))
+        q = spec.quantize
+        qwhere = base + ("quantize",)
+        if not isinstance(q.get("format", "fp32"), str):
+            raise RecipeError(f"{located.where(qwhere + ('format',))}: key 'stages.{name}.quantize.format' must be a string")
+        fmt = q.get("format", "fp32")
+        quantizer = None
+        if fmt == "fp32" and q.get("quantizer") is None:
+            qspec = _plugin_spec(NoQuantization, q, located, qwhere)
+        else:
+            chosen = choose_quantizer(name, fmt, q.get("quantizer"))
+            if isinstance(chosen, str):
+                key = "quantizer" if q.get("quantizer") is not None else "format"
+                raise RecipeError(f"{located.where(qwhere + (key,))}: stages.{name}.quantize.{key}: {chosen}")
+            quantizer = chosen
+            qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
+            problem2 = quantizer.check(qspec, name) if quantizer.check else None
+            if problem2 is None and target_problem(fmt, target):
+                problem2 = ("format", target_problem(fmt, target) or "")
+            if problem2 is None and info.check_format is not None and target.kind == "cpu":
+                problem2 = info.check_format(name, fmt, options, spec.export.opset)
+            if problem2:
+                key, msg = problem2
+                raise RecipeError(f"{located.where(qwhere + (key,))}: stages.{name}.quantize.{key}: {msg}")
+            consumes = "checkpoint" if info.consumes == "checkpoint" else "onnx"
+            exports = getattr(qspec, "exports", None)
+            if consumes == "checkpoint" and exports is not None and not {"hf", "trtllm"} & set(exports):
+                raise RecipeError(f"{located.where(qwhere + ('exports',))}: backend '{info.name}' builds from a "
+                                  "checkpoint: add hf or trtllm to stages.{name}.quantize.exports")
+        recipe._typed[name] = {"quantize": qspec, "quantizer": quantizer, "backend": info, "options": options,
+                               "check": check}

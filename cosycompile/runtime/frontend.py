@@ -15,7 +15,7 @@ import numpy as np
 
 from cosycompile.runtime.dataset import Item, read_wav
 from cosycompile.runtime.dsp import kaldi_fbank, mel_spectrogram, resample, whisper_log_mel
-from cosycompile.errors import ModelError
+from cosycompile.errors import DataError, ModelError
 from cosycompile.runtime.pipeline import Prompt
 
 PROMPT_SR = 16000
@@ -36,7 +36,12 @@ class Frontend:
             cfg = json.loads((qwen_dir / "config.json").read_text())
             self.vocab_size = int(cfg["vocab_size"])
             self._tok = None
+            self.tokenizer_file = marker
         else:
+            # The file transformers builds the tokenizer from (tokenizer.json wins over vocab.json + merges.txt),
+            # so that an error about the ids names what to fix.
+            self.tokenizer_file = next((qwen_dir / f for f in ("tokenizer.json", "vocab.json")
+                                        if (qwen_dir / f).is_file()), qwen_dir)
             try:
                 from transformers import AutoTokenizer
 
@@ -56,11 +61,23 @@ class Frontend:
         self.speech_tokenizer = sessions["speech_tokenizer_v2.onnx"]
 
     def text_ids(self, text: str) -> np.ndarray:
-        """Token ids of ``text`` for the LM's text embedding table."""
+        """Token ids of ``text`` for the LM's text embedding table; never empty.
+
+        Raises DataError for a text with nothing to say (empty or whitespace) and ModelError when the
+        tokenizer turns a real text into no ids: an empty prefix would make the LM generate from
+        nothing, and a comparison of two such runs would pass while measuring nothing.
+        """
+        if not text.strip():
+            raise DataError(f"{self.tokenizer_file}: text to tokenize is empty or whitespace: {_clip(text)}")
         if self._tok is None:
             # Stand-in for a BPE: UTF-8 bytes, shifted past a few reserved ids, folded into the vocab.
-            return np.asarray([(b + 3) % self.vocab_size for b in text.encode("utf-8")], np.int64)
-        return np.asarray(self._tok.encode(text, add_special_tokens=False), np.int64)
+            ids = np.asarray([(b + 3) % self.vocab_size for b in text.encode("utf-8")], np.int64)
+        else:
+            ids = np.asarray(self._tok.encode(text, add_special_tokens=False), np.int64)
+        if ids.size == 0:
+            raise ModelError(f"{self.tokenizer_file}: the tokenizer gives no token ids for text {_clip(text)} "
+                             f"(vocabulary files empty or not the Qwen tokenizer's?)")
+        return ids
 
     def speaker_embedding(self, wav16k: np.ndarray) -> np.ndarray:
         feat = kaldi_fbank(wav16k, 80)
@@ -80,7 +97,8 @@ class Frontend:
         tokens = self.speech_tokens(wav16k)
         mel = mel_spectrogram(resample(wav16k, PROMPT_SR, SAMPLE_RATE), SAMPLE_RATE)
         n = min(mel.shape[1] // 2, len(tokens))
-        return Prompt(self.text_ids(text) if text else np.zeros(0, np.int64), tokens[:n],
+        # No prompt text (or only whitespace, which carries none) is a prompt without text ids, not an error.
+        return Prompt(self.text_ids(text) if text.strip() else np.zeros(0, np.int64), tokens[:n],
                       np.ascontiguousarray(mel[:, : 2 * n].astype(np.float32)), self.speaker_embedding(wav16k))
 
     def item_inputs(self, item: Item) -> tuple[np.ndarray, Prompt]:
@@ -89,3 +107,8 @@ class Frontend:
             return self.text_ids(item.text), Prompt.empty()
         wav, sr = read_wav(item.prompt_wav)
         return self.text_ids(item.text), self.prompt(wav, sr, item.prompt_text)
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """``text`` quoted for a one-line message (newlines escaped), cut at ``limit`` characters."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")

@@ -16,7 +16,9 @@ import numpy as np
 from cosycompile.runtime.runner import Runner
 from cosycompile.runtime.dsp import istft
 from cosycompile.runtime.sampling import Sampling, sampling_ids
-from cosycompile.stage_io import FLOW_ENCODER, FLOW_ESTIMATOR, HIFT, LLM_STEP
+from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
+from cosycompile.stages.hift import HIFT
+from cosycompile.stages.llm import LLM_STEP
 
 
 @dataclass
@@ -78,8 +80,8 @@ class LLMRuntime:
         return np.ascontiguousarray(np.concatenate(parts, axis=0)[None].astype(np.float32))
 
     def step(self, embeds: np.ndarray, cache: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        out = self.runner.run({LLM_STEP.inputs[0]: embeds, LLM_STEP.inputs[1]: cache})
-        return out[LLM_STEP.outputs[0]], out[LLM_STEP.outputs[1]]
+        out = self.runner.run({LLM_STEP.input_names[0]: embeds, LLM_STEP.input_names[1]: cache})
+        return out[LLM_STEP.output_names[0]], out[LLM_STEP.output_names[1]]
 
     def generate(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> np.ndarray:
         """Decode speech tokens one at a time, as CosyVoice2's Qwen2LM.inference does."""
@@ -126,14 +128,14 @@ class FlowRuntime:
 
     def encode(self, tokens: np.ndarray, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
         token = np.concatenate([prompt.speech_tokens, tokens]).astype(np.int64)[None]
-        out = self.encoder.run({FLOW_ENCODER.inputs[0]: token,
-                                FLOW_ENCODER.inputs[1]: prompt.embedding[None].astype(np.float32)})
-        return out[FLOW_ENCODER.outputs[0]], out[FLOW_ENCODER.outputs[1]]
+        out = self.encoder.run({FLOW_ENCODER.input_names[0]: token,
+                                FLOW_ENCODER.input_names[1]: prompt.embedding[None].astype(np.float32)})
+        return out[FLOW_ENCODER.output_names[0]], out[FLOW_ENCODER.output_names[1]]
 
     def estimator_call(self, x: np.ndarray, mask: np.ndarray, mu: np.ndarray, t: np.ndarray, spks: np.ndarray,
                        cond: np.ndarray) -> np.ndarray:
-        feeds = dict(zip(FLOW_ESTIMATOR.inputs, (x, mask, mu, t, spks, cond)))
-        return self.estimator.run(feeds)[FLOW_ESTIMATOR.outputs[0]]
+        feeds = dict(zip(FLOW_ESTIMATOR.input_names, (x, mask, mu, t, spks, cond)))
+        return self.estimator.run(feeds)[FLOW_ESTIMATOR.output_names[0]]
 
     def solve(self, mu: np.ndarray, spks: np.ndarray, cond: np.ndarray) -> np.ndarray:
         """10 Euler steps on a cosine schedule from the fixed noise, CFG batch 2 (row 1 unconditional)."""
@@ -192,9 +194,9 @@ class HiFTRuntime:
 
     def spectrum(self, mel: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
         rand_ini, noise = self.source_noise(mel.shape[1], seed)
-        out = self.runner.run({HIFT.inputs[0]: mel[None].astype(np.float32), HIFT.inputs[1]: rand_ini,
-                               HIFT.inputs[2]: noise})
-        return out[HIFT.outputs[0]], out[HIFT.outputs[1]]
+        out = self.runner.run({HIFT.input_names[0]: mel[None].astype(np.float32), HIFT.input_names[1]: rand_ini,
+                               HIFT.input_names[2]: noise})
+        return out[HIFT.output_names[0]], out[HIFT.output_names[1]]
 
     def wav(self, mel: np.ndarray, seed: int = 0) -> np.ndarray:
         mag, phase = self.spectrum(mel, seed)

@@ -1,38 +1,68 @@
-"""Stages as plug-ins: each module in this folder implements ``export(ctx)`` and ``check(ctx)``.
+"""Stages as plug-ins: each sub-folder is one stage, named as recipes name it (``stages.<name>``).
 
-Adding a stage means adding its module here and one ``StageDef`` line; the build graph,
-planner and report pick it up from this registry.
+A stage folder's ``__init__.py`` is light: it defines ``PLUGIN = StageInfo(...)`` with the graphs
+the stage exports (their specs), the model files it reads, its check's workload spec and the
+metrics its check reports. Its heavy code sits beside it: ``export.py`` (``export(ctx)``, and the
+torch modules, assets and constants of its graphs) and ``check.py`` (``reference(...)`` computed
+once per model into the reference step, and ``check(ctx)`` comparing an engine with it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from cosycompile.core.plugins import discover, load_object, resolve_ref
+from cosycompile.runtime.graphspec import GraphSpec
+from cosycompile.validate.registry import Metric
 
 
 @dataclass(frozen=True)
-class StageDef:
-    """Light description of a stage (no imports of torch or runtimes)."""
+class StageInfo:
+    """What the planner, recipes and runtimes need to know about a stage, without importing torch."""
 
-    name: str
-    module: str
-    backends: tuple[str, ...]
-    model_files: tuple[str, ...]
+    order: int  # position in text -> tokens -> mel -> wav
     summary: str
+    model_files: tuple[str, ...]  # files of a model dir the stage's network is read from
+    graphs: tuple[GraphSpec, ...]
+    check_spec: type[BaseModel]
+    metrics: tuple[Metric, ...]
+    runtime: str  # "module:Class" of the torch-free runtime built over the graphs' runners
+    export: str = ".export:export"
+    modules: str = ".export:stage_parts"  # (modules, assets, info) of the PyTorch network
+    check: str = ".check:check"
+    reference: str = ".check:reference"
+    name: str = ""
+    package: str = ""
+
+    def ref(self, attr: str) -> str:
+        """An absolute ``module:attr`` reference for one of the stage's hooks."""
+        return resolve_ref(self.package, getattr(self, attr))
+
+    def hook(self, attr: str) -> Any:
+        """Import and return one of the stage's hooks (heavy imports happen here)."""
+        return load_object(self.ref(attr))
+
+    def graph(self, name: str) -> GraphSpec:
+        return next(g for g in self.graphs if g.name == name)
 
 
-STAGES: dict[str, StageDef] = {
-    "llm": StageDef("llm", "cosycompile.stages.llm", ("onnxruntime", "trtllm"),
-                    ("cosyvoice2.yaml", "llm.pt", "CosyVoice-BlankEN/config.json"),
-                    "Qwen2 LM decode step with KV cache -> speech-token logits"),
-    "flow": StageDef("flow", "cosycompile.stages.flow", ("onnxruntime", "tensorrt"),
-                     ("cosyvoice2.yaml", "flow.pt"),
-                     "flow encoder + CFM estimator (1-D UNet, batch 2 for CFG)"),
-    "hift": StageDef("hift", "cosycompile.stages.hift", ("onnxruntime", "tensorrt"),
-                     ("cosyvoice2.yaml", "hift.pt"),
-                     "HiFT vocoder up to the iSTFT"),
-}
+def stage_infos() -> dict[str, StageInfo]:
+    """Every stage plug-in, in pipeline order."""
+    return dict(sorted(discover("stages").items(), key=lambda kv: kv[1].order))
 
 
-def get_stage(name: str) -> StageDef:
-    """Registry lookup (KeyError for an unknown stage; recipes reject those earlier)."""
-    return STAGES[name]
+def get_stage(name: str) -> StageInfo:
+    """One stage's info (KeyError for an unknown stage; recipes reject those earlier)."""
+    return stage_infos()[name]
+
+
+def graph_spec(name: str) -> GraphSpec:
+    """The spec of a graph by name, whichever stage exports it."""
+    for stage in stage_infos().values():
+        for g in stage.graphs:
+            if g.name == name:
+                return g
+    raise KeyError(name)

@@ -1,5 +1,5 @@
-"""Plumbing shared by the stage modules: model dir resolution, ONNX export of a stage's graphs,
-and the inputs every stage check needs."""
+"""Plumbing shared by the stage plug-ins: model dir resolution, ONNX export of a stage's graphs
+from their specs, the eval inputs every check uses, and reading the cached reference."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
-from cosycompile.stage_io import STAGE_GRAPHS
 
 
 def model_dir(ctx: StepContext) -> Path:
@@ -21,19 +20,27 @@ def model_dir(ctx: StepContext) -> Path:
     return ctx.file_roots["model"]
 
 
-def export_stage(ctx: StepContext, stage: str, modules: dict[str, Any], examples: dict[str, tuple[Any, ...]],
-                 dynamic_axes: dict[str, dict[str, dict[int, str]]], assets: dict[str, np.ndarray],
-                 info: dict[str, Any]) -> dict[str, Any]:
-    """Export every graph of ``stage`` to ONNX and write its assets and ``graphs.json``."""
-    from cosycompile.onnx.tools import export_onnx
+def export_stage(ctx: StepContext, stage: str) -> dict[str, Any]:
+    """Export every graph of ``stage`` to ONNX from its spec; write assets and ``graphs.json``."""
+    import torch
 
+    from cosycompile.models.loader import load_models
+    from cosycompile.onnx.tools import export_onnx
+    from cosycompile.stages import get_stage
+
+    sinfo = get_stage(stage)
+    models = load_models(model_dir(ctx), (stage,))
+    modules, assets, info = sinfo.hook("modules")(models)
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
-    for io in STAGE_GRAPHS[stage]:
-        path = ctx.out / f"{io.name}.onnx"
-        ctx.log(f"exporting {io.name}")
-        export_onnx(modules[io.name], examples[io.name], path, list(io.inputs), list(io.outputs),
-                    dynamic_axes[io.name], ctx.params["opset"])
-        gd.graphs[io.name] = {"file": path.name, "inputs": list(io.inputs), "outputs": list(io.outputs)}
+    for spec in sinfo.graphs:
+        path = ctx.out / f"{spec.name}.onnx"
+        ctx.log(f"exporting {spec.name}")
+        dummy = spec.dummy_inputs(info)
+        args = tuple(torch.from_numpy(dummy[n]) for n in spec.input_names)
+        export_onnx(modules[spec.name], args, path, spec.input_names, spec.output_names, spec.dynamic_axes(),
+                    ctx.params["opset"])
+        gd.graphs[spec.name] = {"file": path.name, "inputs": spec.input_names, "outputs": spec.output_names,
+                                "spec": spec.describe(info)}
     for name, arr in assets.items():
         np.save(ctx.out / f"{name}.npy", np.ascontiguousarray(arr))
         gd.assets[name] = f"{name}.npy"
@@ -42,40 +49,44 @@ def export_stage(ctx: StepContext, stage: str, modules: dict[str, Any], examples
     return {"graphs": sorted(gd.graphs), "assets": sorted(gd.assets)}
 
 
-def write_check(ctx: StepContext, metrics: dict[str, Any], failures: list[str]) -> dict[str, Any]:
-    """Store a check's result as ``check.json`` (a failed check is a result, not an error)."""
-    body = {"stage": ctx.name.split(".")[0], "passed": not failures, "failures": failures, "metrics": metrics,
-            "thresholds": ctx.params.get("check", {})}
+def write_check(ctx: StepContext, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Store a check's measurements as ``check.json``; thresholds are applied by the gate."""
+    body = {"stage": ctx.name.split(".")[0], "metrics": metrics, "workload": ctx.params.get("spec", {})}
     (ctx.out / "check.json").write_text(json.dumps(body, indent=1, sort_keys=True, default=float))
-    for f in failures:
-        ctx.log(f"FAILED: {f}")
-    return {"passed": not failures}
+    return {"metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 
 
-def eval_items(ctx: StepContext) -> list[Any]:
-    """The eval items the check uses (same head of the set as the pipeline check)."""
+def eval_inputs(ctx: StepContext) -> list[tuple[np.ndarray, Any]]:
+    """(text ids, prompt) of the eval items the checks use: the same head of the set as the reference."""
     from cosycompile.runtime.dataset import load_dataset
+    from cosycompile.runtime.frontend import Frontend
 
-    files = ctx.files["eval"]
-    root = ctx.file_roots["eval"]
-    assert files, "eval files are part of every check's key"
-    return list(load_dataset(root).head(ctx.params["max_items"]))
+    frontend = Frontend(model_dir(ctx))
+    items = load_dataset(ctx.file_roots["eval"]).head(ctx.params["max_items"])
+    return [frontend.item_inputs(i) for i in items]
 
 
-def engine_runtime(ctx: StepContext, stage: str) -> Any:
+def reference_arrays(ctx: StepContext, stage: str) -> dict[str, np.ndarray]:
+    """The stage's reference outputs computed once per model by the ``reference`` step."""
+    with np.load(ctx.inputs["reference"] / f"{stage}.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+def engine_runtime(ctx: StepContext, stage: str, which: str = "engine") -> Any:
+    """The stage runtime over the engine dir of input ``which``."""
     from cosycompile.runtime.loading import stage_runtime
 
-    return stage_runtime(stage, ctx.inputs["engine"], ctx.params["backend"], ctx.params["threads"])
+    return stage_runtime(stage, ctx.inputs[which], ctx.params["threads"])
 
 
 def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> dict[str, float]:
-    """Speed of a quantized engine against the FP32 engine of the same backend, same run, same input."""
+    """Speed of a quantized engine against the FP32 engine of the same backend: interleaved pairs,
+    median of per-pair ratios (sequential medians on a shared machine do not measure a ratio)."""
     if "fp32_engine" not in ctx.inputs:
         return {}
-    from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.validate.speed import timed
+    from cosycompile.validate.speed import paired_ratio
 
-    fp32 = stage_runtime(stage, ctx.inputs["fp32_engine"], ctx.params["backend"], ctx.params["threads"])
-    fp32_ms = 1000 * timed(lambda: workload(fp32))[0]
-    q_ms = 1000 * timed(lambda: workload(engine))[0]
-    return {"fp32_engine_ms": fp32_ms, "engine_ms": q_ms, "speedup_vs_fp32": fp32_ms / q_ms if q_ms else 0.0}
+    fp32 = engine_runtime(ctx, stage, "fp32_engine")
+    r = paired_ratio(lambda: workload(fp32), lambda: workload(engine), pairs=ctx.params.get("pairs", 5))
+    return {"fp32_engine_ms": 1000 * r.reference_s, "engine_ms": 1000 * r.candidate_s, "speedup_vs_fp32": r.ratio,
+            "speedup_spread": r.spread, "speed_pairs": r.pairs}

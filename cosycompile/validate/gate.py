@@ -15,30 +15,6 @@ from typing import Any
 
 from cosycompile.errors import UserError
 
-# name -> (path into report.json, higher is better, kind)
-METRICS: dict[str, tuple[tuple[str, ...], bool, str]] = {
-    "llm.max_abs_logit_error": (("checks", "llm", "metrics", "max_abs_logit_error"), False, "quality"),
-    "llm.top1_agreement": (("checks", "llm", "metrics", "top1_agreement"), True, "quality"),
-    "llm.logit_cosine": (("checks", "llm", "metrics", "logit_cosine"), True, "quality"),
-    "llm.kl": (("checks", "llm", "metrics", "kl"), False, "quality"),
-    "flow.estimator_max_abs_error": (("checks", "flow", "metrics", "estimator_max_abs_error"), False, "quality"),
-    "flow.mel_snr_db": (("checks", "flow", "metrics", "cfm_mel_snr_db_min"), True, "quality"),
-    "hift.waveform_snr_db": (("checks", "hift", "metrics", "waveform_snr_db_min"), True, "quality"),
-    "hift.log_mel_l1": (("checks", "hift", "metrics", "log_mel_l1_mean"), False, "quality"),
-    "pipeline.tokens_identical_ratio": (("checks", "pipeline", "metrics", "tokens_identical_ratio"), True, "quality"),
-    "pipeline.mel_snr_db": (("checks", "pipeline", "metrics", "mel_snr_db_min"), True, "quality"),
-    "pipeline.log_mel_l1": (("checks", "pipeline", "metrics", "log_mel_l1_mean"), False, "quality"),
-    "pipeline.mcd_db": (("checks", "pipeline", "metrics", "mcd_db_mean"), False, "quality"),
-    "pipeline.speaker_similarity": (("checks", "pipeline", "metrics", "speaker_similarity_mean"), True, "quality"),
-    "pipeline.pesq": (("checks", "pipeline", "metrics", "pesq_mean"), True, "quality"),
-    "pipeline.stoi": (("checks", "pipeline", "metrics", "stoi_mean"), True, "quality"),
-    "speed.llm": (("speed", "llm", "speedup"), True, "speed"),
-    "speed.flow": (("speed", "flow", "speedup"), True, "speed"),
-    "speed.hift": (("speed", "hift", "speedup"), True, "speed"),
-    "speed.end_to_end": (("speed", "end_to_end", "speedup"), True, "speed"),
-}
-
-
 @dataclass
 class Finding:
     metric: str
@@ -49,11 +25,13 @@ class Finding:
 
 
 def metric_values(report: dict[str, Any]) -> dict[str, float]:
-    """Every named metric present in a report."""
+    """Every registered metric present in a report."""
+    from cosycompile.validate.registry import registry
+
     out = {}
-    for name, (path, _, _) in METRICS.items():
+    for name, reg in registry().items():
         node: Any = report
-        for p in path:
+        for p in reg.path:
             node = node.get(p) if isinstance(node, dict) else None
         if isinstance(node, (int, float)) and not isinstance(node, bool):
             out[name] = float(node)
@@ -75,30 +53,35 @@ def load_report(path: Path) -> dict[str, Any]:
 
 
 def check_thresholds(report: dict[str, Any], minimum: dict[str, float], maximum: dict[str, float]) -> list[Finding]:
-    """Fixed thresholds: ``minimum[name] <= value <= maximum[name]``; a missing metric fails."""
+    """Fixed thresholds: ``minimum[name] <= value <= maximum[name]``. A missing metric fails, unless it
+    belongs to a stage the build does not have (a recipe's defaults cover every stage)."""
+    from cosycompile.validate.registry import registry
+
     values = metric_values(report)
+    built = set(report.get("stages", {})) | {"pipeline", "speed"}
     findings = []
-    for name, limit in sorted(minimum.items()):
-        v = values.get(name)
-        if v is None or math.isnan(v) or v < limit:
-            findings.append(Finding(name, v, limit, ">=", "missing" if v is None else _short(limit - v)))
-    for name, limit in sorted(maximum.items()):
-        v = values.get(name)
-        if v is None or math.isnan(v) or v > limit:
-            findings.append(Finding(name, v, limit, "<=", "missing" if v is None else _short(v - limit)))
-    for c, body in report.get("checks", {}).items():
-        if not body.get("passed", True):
-            findings.append(Finding(f"{c}.check", None, 0.0, "pass", "; ".join(body.get("failures", [])) or "failed"))
+    for rule, limits in ((">=", minimum), ("<=", maximum)):
+        for name, limit in sorted(limits.items()):
+            reg = registry().get(name)
+            if reg is not None and reg.group not in built:
+                continue
+            v = values.get(name)
+            bad = v is None or math.isnan(v) or (v < limit if rule == ">=" else v > limit)
+            if bad:
+                gap = "missing" if v is None else _short(limit - v if rule == ">=" else v - limit)
+                findings.append(Finding(name, v, limit, rule, gap))
     return findings
 
 
 def check_baseline(report: dict[str, Any], baseline: dict[str, Any], max_quality_drop: float,
                    max_slowdown: float) -> list[Finding]:
     """Regressions against a baseline: relative quality drop and relative loss of speed-up."""
+    from cosycompile.validate.registry import registry
+
     new, old = metric_values(report), metric_values(baseline)
     findings = []
     for name in sorted(set(new) & set(old)):
-        _, higher, kind = METRICS[name]
+        higher, kind = registry()[name].metric.higher, registry()[name].metric.kind
         v, b = new[name], old[name]
         if kind == "speed":
             if v <= 0:

@@ -1,6 +1,6 @@
-"""The end-to-end check: text -> wav on the engines vs the PyTorch FP32 reference, quality and speed.
-
-Speed is always a ratio measured in this same run, on the same inputs, with the same thread count.
+"""The end-to-end check: text -> wav on the engines vs the cached PyTorch FP32 reference, quality
+and speed. Speed ratios are interleaved pairs against the reference in this same run, or (with
+``validation.speed.reference: cached``) against the reference step's own timing.
 """
 
 from __future__ import annotations
@@ -14,142 +14,138 @@ import numpy as np
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.pipeline import Pipeline, Sampling
-from cosycompile.stages.common import model_dir
 from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
-from cosycompile.validate.speed import timed
 
 SAMPLE_RATE = 24000
 AUDIO_ITEMS = 2
 PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slow metrics, bounded cost
-FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus 3 look-ahead tokens
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
-    from cosycompile.runtime.dataset import load_dataset
+    """The ``pipeline.check`` step."""
     from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.runtime.frontend import Frontend
-    from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.stages.common import eval_inputs
+    from cosycompile.runtime.dataset import load_dataset
     from cosycompile.validate import metrics as M
+    from cosycompile.validate.gate import check_thresholds
 
     p = ctx.params
     v = p["validation"]
     threads = v["speed"]["threads"]
-    mdir = model_dir(ctx)
-    models = load_reference(mdir, ("llm", "flow", "hift"), threads)
-    ref = Pipeline(*(reference_runtime(s, models) for s in ("llm", "flow", "hift")))
-    built_stages = {s: stage_runtime(s, ctx.inputs[f"{s}.engine"], p["backends"][s], threads) for s in p["stages"]}
-    built = Pipeline(*(built_stages.get(s) or reference_runtime(s, models) for s in ("llm", "flow", "hift")))
-    frontend = Frontend(mdir)
+    built_stages = {s: stage_runtime(s, ctx.inputs[f"{s}.engine"], threads) for s in p["stages"]}
+    ref_models = None
+    if len(built_stages) < 3 or v["speed"]["reference"] == "same-run":
+        ref_models = _reference_models(ctx, threads)
+    built = Pipeline(*(built_stages.get(s) or _ref_stage(s, ref_models) for s in ("llm", "flow", "hift")))
     sampling = Sampling(**v["sampling"])
     items = load_dataset(ctx.file_roots["eval"]).head(v["max_items"])
+    inputs = eval_inputs(ctx)
+    with np.load(ctx.inputs["reference"] / "pipeline.npz") as z:
+        ref = {k: z[k] for k in z.files}
 
     rows = []
     audio_dir = ctx.out / "audio"
     audio_dir.mkdir()
-    first: dict[str, Any] = {}
-    for n, item in enumerate(ctx.progress(items, desc="eval items")):
-        text_ids, prompt = frontend.item_inputs(item)
-        r = ref.synthesize(text_ids, prompt, sampling, seed=n)
+    for n, (item, (text_ids, prompt)) in enumerate(zip(ctx.progress(items, desc="eval items"), inputs)):
+        r_tokens, r_mel, r_wav = ref[f"tokens.{n}"], ref[f"mel.{n}"], ref[f"wav.{n}"]
         b = built.synthesize(text_ids, prompt, sampling, seed=n)
-        same = bool(np.array_equal(r.tokens, b.tokens))
+        same = bool(np.array_equal(r_tokens, b.tokens))
         row: dict[str, Any] = {
-            "id": item.id, "lang": item.lang, "tokens_ref": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
+            "id": item.id, "lang": item.lang, "tokens_ref": int(len(r_tokens)), "tokens_built": int(len(b.tokens)),
             "tokens_identical": same,
-            "token_edit_distance": M.token_edit_distance(r.tokens.tolist(), b.tokens.tolist())[1],
-            "duration_ratio": M.duration_ratio(r.wav, b.wav) if len(r.wav) else 1.0,
-            "audio_seconds": len(r.wav) / SAMPLE_RATE,
+            "token_edit_distance": M.token_edit_distance(r_tokens.tolist(), b.tokens.tolist())[1],
+            "duration_ratio": M.duration_ratio(r_wav, b.wav) if len(r_wav) else 1.0,
+            "audio_seconds": len(r_wav) / SAMPLE_RATE,
         }
-        if same and len(r.wav):
-            row["mel_snr_db"] = M.mel_snr_db(r.mel, b.mel)
-            row["waveform_snr_db"] = M.waveform_snr_db(r.wav, b.wav)
-        if len(r.wav) and len(b.wav):
-            row["log_mel_l1"] = M.log_mel_l1(r.wav, b.wav, SAMPLE_RATE)
-            row["mr_stft_distance"] = M.multi_resolution_stft_distance(r.wav, b.wav)
+        if same and len(r_wav):
+            row["mel_snr_db"] = M.mel_snr_db(r_mel, b.mel)
+            row["waveform_snr_db"] = M.waveform_snr_db(r_wav, b.wav)
+        if len(r_wav) and len(b.wav):
+            row["log_mel_l1"] = M.log_mel_l1(r_wav, b.wav, SAMPLE_RATE)
+            row["mr_stft_distance"] = M.multi_resolution_stft_distance(r_wav, b.wav)
             if n < PERCEPTUAL_ITEMS:
-                row["mcd_db"] = M.mel_cepstral_distortion(r.wav, b.wav, SAMPLE_RATE)
-                row["pesq"] = M.pesq_wb(r.wav, b.wav, SAMPLE_RATE)
-                row["stoi"] = M.stoi(r.wav, b.wav, SAMPLE_RATE)
-                row["speaker_similarity"] = M.speaker_similarity(r.wav, b.wav, SAMPLE_RATE)
+                row["mcd_db"] = M.mel_cepstral_distortion(r_wav, b.wav, SAMPLE_RATE)
+                row["pesq"] = M.pesq_wb(r_wav, b.wav, SAMPLE_RATE)
+                row["stoi"] = M.stoi(r_wav, b.wav, SAMPLE_RATE)
+                row["speaker_similarity"] = M.speaker_similarity(r_wav, b.wav, SAMPLE_RATE)
         rows.append(row)
         if n < AUDIO_ITEMS:
-            _write_wav(audio_dir / f"{item.id}.reference.wav", r.wav)
+            _write_wav(audio_dir / f"{item.id}.reference.wav", r_wav)
             _write_wav(audio_dir / f"{item.id}.built.wav", b.wav)
-        if n == 0:
-            first = {"text_ids": text_ids, "prompt": prompt, "tokens": r.tokens, "mel": r.mel}
 
-    speed = _speed(ref, built, first, sampling, v["speed"], ctx)
-    if first:
-        speed["first_chunk"] = _first_chunk(ref, built, first, v["speed"])
-        speed["throughput"] = _throughput(built, frontend, items, sampling)
+    speed: dict[str, Any] = {}
+    if inputs:
+        ref_pipe = Pipeline(*(_ref_stage(s, ref_models) for s in ("llm", "flow", "hift"))) if ref_models else None
+        cached = json.loads((ctx.inputs["reference"] / "timing.json").read_text())
+        speed = _speed(ref_pipe, cached, built, inputs[0], sampling, v["speed"], ctx)
+        speed["throughput"] = _throughput(built, inputs, sampling, v["speed"]["throughput"])
     speed["peak_rss_mb"] = _peak_rss_mb()
-    checks = {}
-    for s in p["stages"]:
-        checks[s] = json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text())
-    quality = _summarise(rows)
-    # End-to-end figures are judged by the recipe's gate (an FP32 build demands identical tokens,
-    # a quantized one a bounded drop), so the pipeline check itself only records them.
-    checks["pipeline"] = {"stage": "pipeline", "passed": True, "failures": [], "metrics": quality}
+    checks = {s: json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text()) for s in p["stages"]}
+    checks["pipeline"] = {"stage": "pipeline", "metrics": _summarise(rows)}
     report = {
         "schema": REPORT_SCHEMA,
-        "stages": {s: {"backend": p["backends"][s], "precision": p.get("precisions", {}).get(s, "fp32")}
-                   for s in p["stages"]},
+        "stages": {s: {"backend": p["backends"][s], "precision": p["precisions"][s]} for s in p["stages"]},
         "checks": checks, "speed": speed, "items": rows, "threads": threads,
         "audio": sorted(f.name for f in audio_dir.iterdir()),
     }
+    findings = check_thresholds(report, p["thresholds"]["min"], p["thresholds"]["max"])
+    report["gate"] = {"passed": not findings, "thresholds": p["thresholds"],
+                      "findings": [f.__dict__ for f in findings]}
     (ctx.out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=float))
     (ctx.out / "report.md").write_text(render_markdown(report))
-    return {"passed": all(c["passed"] for c in checks.values())}
+    return {"passed": not findings}
 
 
-def _speed(ref: Pipeline, built: Pipeline, first: dict[str, Any], sampling: Sampling, spec: dict[str, Any],
-           ctx: StepContext) -> dict[str, Any]:
-    """Per-stage and end-to-end latency of reference and build on the first eval item."""
-    if not first or not len(first["tokens"]):
+def _reference_models(ctx: StepContext, threads: int) -> Any:
+    from cosycompile.reference.runners import load_reference
+    from cosycompile.stages.common import model_dir
+
+    return load_reference(model_dir(ctx), ("llm", "flow", "hift"), threads)
+
+
+def _ref_stage(stage: str, models: Any) -> Any:
+    from cosycompile.reference.runners import reference_runtime
+
+    return reference_runtime(stage, models)
+
+
+def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, first: tuple[np.ndarray, Any],
+           sampling: Sampling, spec: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    """Per-stage, end-to-end and first-chunk latency of the build against the reference."""
+    from cosycompile.reference.step import workloads
+    from cosycompile.validate.speed import paired_ratio, timed
+
+    w = workloads(built, first, sampling)
+    if not len(w["tokens"]):
         return {}
-    w, n = spec["warmup"], spec["runs"]
-    text_ids, prompt, tokens, mel = first["text_ids"], first["prompt"], first["tokens"], first["mel"]
-    audio_s = mel.shape[1] * 480 / SAMPLE_RATE
-    out: dict[str, Any] = {"audio_seconds": audio_s, "warmup": w, "runs": n}
-    cases = {
-        "llm": lambda p: p.llm.generate(text_ids, prompt, sampling),
-        "flow": lambda p: p.flow.mel(tokens, prompt),
-        "hift": lambda p: p.hift.wav(mel, 0),
-        "end_to_end": lambda p: p.synthesize(text_ids, prompt, sampling),
-    }
-    for name, fn in ctx.progress(list(cases.items()), desc="timing"):
-        r_med, r_p90 = timed(lambda: fn(ref), w, n)
-        b_med, b_p90 = timed(lambda: fn(built), w, n)
-        out[name] = {"reference_s": r_med, "reference_p90_s": r_p90, "built_s": b_med, "built_p90_s": b_p90,
-                     "speedup": r_med / b_med if b_med > 0 else float("inf")}
-    out["llm"]["per_token_built_ms"] = 1000 * out["llm"]["built_s"] / max(len(tokens), 1)
-    out["llm"]["per_token_reference_ms"] = 1000 * out["llm"]["reference_s"] / max(len(tokens), 1)
+    audio_s = w["mel"].shape[1] * 480 / SAMPLE_RATE
+    mode = spec["reference"]
+    out: dict[str, Any] = {"audio_seconds": audio_s, "warmup": spec["warmup"], "runs": spec["runs"], "mode": mode}
+    for name, fn in ctx.progress(list(w["cases"].items()), desc="timing"):
+        if mode == "same-run":
+            assert ref is not None
+            r = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=spec["runs"], warmup=spec["warmup"])
+            out[name] = {"reference_s": r.reference_s, "built_s": r.candidate_s, "speedup": r.ratio,
+                         "spread": list(r.spread), "pairs": r.pairs}
+        else:
+            b = timed(lambda: fn(built), spec["warmup"], spec["runs"])[0]
+            out[name] = {"reference_s": cached[name], "built_s": b, "speedup": cached[name] / b if b else 0.0,
+                         "reference_cached": True}
+    n_tokens = max(len(w["tokens"]), 1)
+    out["llm"]["per_token_built_ms"] = 1000 * out["llm"]["built_s"] / n_tokens
+    out["llm"]["per_token_reference_ms"] = 1000 * out["llm"]["reference_s"] / n_tokens
     out["end_to_end"]["rtf_reference"] = out["end_to_end"]["reference_s"] / audio_s
     out["end_to_end"]["rtf_built"] = out["end_to_end"]["built_s"] / audio_s
     return out
 
 
-def _first_chunk(ref: Pipeline, built: Pipeline, first: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Streaming first-chunk latency: LLM to 25+3 tokens, flow on them, HiFT on the first hop's frames."""
-    text_ids, prompt = first["text_ids"], first["prompt"]
-    cap = Sampling(mode="greedy", max_tokens=FIRST_CHUNK_TOKENS)
-
-    def chunk(p: Pipeline) -> None:
-        toks = p.llm.generate(text_ids, prompt, cap)
-        mel = p.flow.mel(toks, prompt)[:, : 2 * 25]
-        p.hift.wav(mel, 0)
-
-    r = timed(lambda: chunk(ref), spec["warmup"], spec["runs"])[0]
-    b = timed(lambda: chunk(built), spec["warmup"], spec["runs"])[0]
-    return {"reference_s": r, "built_s": b, "speedup": r / b if b else 0.0, "tokens": FIRST_CHUNK_TOKENS}
-
-
-def _throughput(built: Pipeline, frontend: Any, items: Any, sampling: Sampling) -> dict[str, Any]:
-    """Audio seconds synthesized per wall second by the build at concurrency 1, 2 and 4."""
+def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling: Sampling,
+                levels: list[int]) -> dict[str, Any]:
+    """Audio seconds synthesized per wall second by the build at each concurrency level."""
     from concurrent.futures import ThreadPoolExecutor
 
-    inputs = [frontend.item_inputs(i) for i in items]
     out = {}
-    for conc in (1, 2, 4):
+    for conc in levels:
         jobs = [inputs[k % len(inputs)] for k in range(conc * 2)]
         t0 = time.perf_counter()
         with ThreadPoolExecutor(conc) as pool:

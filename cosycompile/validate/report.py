@@ -35,15 +35,20 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def render_markdown(report: dict[str, Any], title: str = "") -> str:
     """The report as Markdown: verdict, per-stage checks, end-to-end quality, speed."""
     checks = report.get("checks", {})
-    verdict = "PASS" if all(c.get("passed", True) for c in checks.values()) else "FAIL"
-    lines = [f"# {title or 'cosycompile build report'}", "", f"**Verdict: {verdict}**", ""]
+    gate = report.get("gate", {})
+    verdict = "PASS" if gate.get("passed", True) else "FAIL"
+    lines = [f"# {title or 'cosycompile build report'}", "", f"**Verdict: {verdict}** (recipe thresholds)", ""]
+    for f in gate.get("findings", []):
+        lines.append(f"- {f['metric']}: {f['value']} {f['rule']} {f['limit']} fails ({f['shortfall']})")
+    if gate.get("findings"):
+        lines.append("")
     stages = report.get("stages", {})
     if stages:
         lines += ["## Stages", ""]
-        lines += _table(["stage", "backend", "precision", "check", "failures"],
-                        [[s, st.get("backend"), st.get("precision", checks.get(s, {}).get("precision", "fp32")),
-                          "pass" if checks.get(s, {}).get("passed", True) else "FAIL",
-                          "; ".join(checks.get(s, {}).get("failures", [])) or "-"] for s, st in stages.items()])
+        failed = {f["metric"].split(".")[0] for f in gate.get("findings", [])}
+        lines += _table(["stage", "backend", "precision", "thresholds"],
+                        [[s, st.get("backend"), st.get("precision", "fp32"), "FAIL" if s in failed else "pass"]
+                         for s, st in stages.items()])
         lines.append("")
     lines += ["## Stage checks against the PyTorch FP32 reference", ""]
     rows = []

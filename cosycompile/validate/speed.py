@@ -1,8 +1,13 @@
-"""Timing helper shared by every check: warm up, then median and p90 of wall time."""
+"""Timing helpers shared by every check: interleaved pairs for ratios, median/p90 for latencies.
+
+On a shared machine the load drifts between two sequential medians; timing reference and
+candidate alternately (ABAB...) and taking the median of per-pair ratios cancels most of it.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -18,3 +23,34 @@ def timed(fn: Callable[[], Any], warmup: int = 1, runs: int = 3) -> tuple[float,
         fn()
         times.append(time.perf_counter() - t0)
     return float(np.median(times)), float(np.percentile(times, 90))
+
+
+@dataclass
+class PairedRatio:
+    """reference time / candidate time over interleaved pairs."""
+
+    ratio: float  # median of per-pair ratios (> 1: the candidate is faster)
+    spread: tuple[float, float]  # min and max per-pair ratio
+    pairs: int
+    reference_s: float  # median reference time
+    candidate_s: float  # median candidate time
+    ratios: list[float]
+
+
+def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pairs: int = 5,
+                 warmup: int = 1) -> PairedRatio:
+    """Time ``reference`` and ``candidate`` alternately, ``pairs`` times each after ``warmup`` of each;
+    the order inside a pair alternates too, so neither always runs on a warmer cache."""
+    for _ in range(warmup):
+        reference()
+        candidate()
+    ref_t, cand_t = [], []
+    for i in range(max(pairs, 1)):
+        order = ((reference, ref_t), (candidate, cand_t)) if i % 2 == 0 else ((candidate, cand_t), (reference, ref_t))
+        for fn, sink in order:
+            t0 = time.perf_counter()
+            fn()
+            sink.append(time.perf_counter() - t0)
+    ratios = [r / c if c > 0 else float("inf") for r, c in zip(ref_t, cand_t)]
+    return PairedRatio(float(np.median(ratios)), (float(min(ratios)), float(max(ratios))), len(ratios),
+                       float(np.median(ref_t)), float(np.median(cand_t)), ratios)

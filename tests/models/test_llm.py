@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from cosycompile.models.qwen2lm import LLMDecodeStep, ras_sampling
+from cosycompile.models.qwen2lm import LLMDecodeStep
 
 
 def _empty_past(lm: Any, batch: int = 1) -> torch.Tensor:
@@ -105,17 +105,3 @@ def test_inference_ras_sampling_is_seeded(tiny_models: Any) -> None:
     assert 6 <= len(a) <= 16
     with pytest.raises(ValueError):
         lm.inference(text, sampling="beam")
-
-
-def test_ras_sampling_rules() -> None:
-    g = torch.Generator().manual_seed(0)
-    scores = torch.full((10,), -20.0)
-    scores[4] = 0.0  # nucleus = {4}
-    assert ras_sampling(scores.log_softmax(0), [], g) == 4
-    # Token 4 repeated in the window: it is banned and redrawn from the rest of the distribution.
-    scores[7] = -1.0
-    drawn = {ras_sampling(scores.log_softmax(0), [4], g) for _ in range(20)}
-    assert 4 not in drawn and 7 in drawn
-    # top_k bounds the nucleus even when top_p would take more.
-    flat = torch.zeros(50).log_softmax(0)
-    assert {ras_sampling(flat, [], g, top_p=1.0, top_k=3) for _ in range(200)} <= {0, 1, 2}

@@ -20,7 +20,6 @@ from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
 from cosycompile.quantize.calibrate import load_records
 
-QUANTIZED_GRAPHS = {"flow": ("flow_estimator",), "hift": ("hift",)}
 
 
 class _RecordsReader:
@@ -53,20 +52,6 @@ def _reader_class() -> type:
     return type("RecordsReader", (_RecordsReader, CalibrationDataReader), {})
 
 
-def _common_length(records: list[dict[str, np.ndarray]], graph: str) -> list[dict[str, np.ndarray]]:
-    """Crop every record to the shortest one's frames: ModelOpt's INT4 AWQ concatenates activations
-    across records, so their time axes must agree (INT8/FP8 calibration accepts ragged records)."""
-    if graph == "flow_estimator":
-        T = min(r["x"].shape[2] for r in records)
-        return [{k: (v[:, :, :T] if k in ("x", "mask", "mu", "cond") else v) for k, v in r.items()} for r in records]
-    if graph == "hift":
-        T = min(r["mel"].shape[2] for r in records)
-        spf = records[0]["noise"].shape[1] // records[0]["mel"].shape[2]
-        return [{"mel": r["mel"][:, :, :T], "rand_ini": r["rand_ini"], "noise": r["noise"][:, : T * spf]}
-                for r in records]
-    return records
-
-
 def check_exclusions(onnx_path: Path, patterns: list[str], stage: str) -> list[str]:
     """Every exclusion regex must match at least one node name; a dead pattern is a recipe error."""
     import onnx
@@ -88,15 +73,23 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     """The ``<stage>.quantize`` step for ONNX stages."""
     from modelopt.onnx.quantization import quantize as mo_quantize
 
-    p = ctx.params
-    stage, fmt = p["stage"], p["format"]
+    from cosycompile.runtime.graphspec import crop_records
+    from cosycompile.stages import get_stage
+
+    s = ctx.spec
+    stage, fmt = ctx.params["stage"], s.format
+    hp = s.high_precision_dtype if s.high_precision_dtype != "auto" else ("fp32" if ctx.params["target_kind"] == "cpu" else "fp16")
+    p = {"method": s.resolved_method, "exclude": list(s.exclude), "high_precision_dtype": hp,
+         "block_size": s.block_size or 128, "opset": ctx.params["opset"]}
+    specs = {g.name: g for g in get_stage(stage).graphs}
+    quantized = [name for name, g in specs.items() if g.quantizable]
     src = read_graphs_dir(ctx.inputs["graphs"])
     out = copy_assets(src, ctx.out)
     stats: dict[str, Any] = {}
     logging.getLogger("modelopt").setLevel(logging.WARNING)
     for name, g in src.graphs.items():
         dst = ctx.out / g["file"]
-        if name not in QUANTIZED_GRAPHS[stage]:
+        if name not in quantized:
             link_or_copy(src.graph_path(name), dst)
             continue
         excludes = check_exclusions(src.graph_path(name), p["exclude"], stage)
@@ -104,7 +97,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         if not records:
             raise RecipeError(f"stages.{stage}.quantize: no calibration records for {name}")
         if fmt == "int4":
-            records = _common_length(records, name)
+            records = crop_records(specs[name], records, src.info)
         ctx.log(f"{name}: {fmt}/{p['method']} on {len(records)} recorded inputs")
         opset = max(p["opset"], 21) if fmt in ("fp8", "int4") else p["opset"]
         work = ctx.out / f".work-{name}"
@@ -126,7 +119,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         stats[name] = _qdq_stats(dst)
         ctx.log(f"{name}: {stats[name]}")
     out.info["precision"] = fmt
-    out.info["quantized_graphs"] = list(QUANTIZED_GRAPHS[stage])
+    out.info["quantized_graphs"] = quantized
     if fmt == "fp8":
         out.info["requires"] = "ORT CPU: optimization disable (reference kernels); TensorRT: sm89+"
     out.write()

@@ -1,14 +1,12 @@
-"""Step bodies shared by every stage: graph simplification and engine building."""
+"""The ``<stage>.simplify`` step: every graph of a graphs dir through onnxslim / onnxsim."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from cosycompile.backends import get_backend_info
 from cosycompile.core.graph import StepContext
-from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.onnx.tools import simplify as simplify_graph
-from cosycompile.recipe.targets import TARGETS
+from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 
 
 def simplify(ctx: StepContext) -> dict[str, Any]:
@@ -21,11 +19,3 @@ def simplify(ctx: StepContext) -> dict[str, Any]:
         ctx.log(f"{name}: {stats[name]['nodes_before']} -> {stats[name]['nodes_after']} nodes")
     out.write()
     return {"simplify": stats}
-
-
-def build_engine(ctx: StepContext) -> dict[str, Any]:
-    """Hand the graphs dir to the recipe's backend (its ``build`` verb)."""
-    info = get_backend_info(ctx.params["backend"])
-    assert info is not None
-    target = TARGETS[ctx.target or "cpu"]
-    return info.impl().build(ctx.inputs["graphs"], ctx.params["options"], target, ctx.out)

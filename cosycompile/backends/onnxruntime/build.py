@@ -1,13 +1,7 @@
-"""ONNX Runtime backend: the engine is the offline-optimized graph plus its session settings.
-
-Offline optimization moves graph rewriting out of every server's start-up. Levels up to
-'extended' stay portable across x86 CPUs; 'all' adds layout transforms tied to the build CPU,
-which is recorded in the passport.
-"""
+"""ONNX Runtime engines: offline optimization (``build``) and sessions over the result (``load``)."""
 
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 from typing import Any
@@ -17,9 +11,8 @@ import onnxruntime as ort
 
 from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.runtime.loading import read_passport
 from cosycompile.recipe.targets import Target
-
-PASSPORT = "engine.json"
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -50,13 +43,13 @@ def _session_options(threads: int, level: str, execution_mode: str = "sequential
     return so
 
 
-def build(src: Path, options: dict[str, Any], target: Target, out: Path) -> dict[str, Any]:
-    """Optimize each graph of ``src`` offline into ``out`` and write the engine passport."""
+def build(src: Path, options: Any, target: Target, out: Path) -> dict[str, Any]:
+    """Optimize each graph of ``src`` offline into ``out``; returns the passport's backend fields."""
     if target.kind != "cpu":
         raise BackendUnavailable(f"onnxruntime backend builds CPU engines only, not for target '{target.name}'")
     gd = read_graphs_dir(src)
     eng = copy_assets(gd, out)
-    level = options.get("optimization", "extended")
+    level = options.optimization
     for name, g in gd.graphs.items():
         so = _session_options(1, level)
         so.optimized_model_filepath = str(out / g["file"])
@@ -64,19 +57,16 @@ def build(src: Path, options: dict[str, Any], target: Target, out: Path) -> dict
         ort.InferenceSession(str(gd.graph_path(name)), so, providers=["CPUExecutionProvider"])
     eng.info = dict(gd.info)
     eng.write()
-    passport = {
-        "backend": "onnxruntime",
+    return {
         "backend_version": ort.__version__,
         "providers": ["CPUExecutionProvider"],
         "target": target.name,
         "precision": gd.info.get("precision", "fp32"),
         "optimization": level,
-        "execution_mode": options.get("execution_mode", "sequential"),
+        "execution_mode": options.execution_mode,
         "portable": level != "all",
         "build_host": {"machine": platform.machine(), "cpu_flags": _cpu_flags() if level == "all" else []},
     }
-    (out / PASSPORT).write_text(json.dumps(passport, indent=1, sort_keys=True))
-    return {"passport": passport}
 
 
 class OrtRunner:
@@ -96,9 +86,7 @@ class OrtRunner:
 
 def load(engine_dir: Path, threads: int) -> dict[str, OrtRunner]:
     """Runners for every graph of an engine dir; refuses engines this machine cannot run."""
-    passport = json.loads((engine_dir / PASSPORT).read_text())
-    if passport.get("backend") != "onnxruntime":
-        raise BackendUnavailable(f"{engine_dir}: engine was built by backend '{passport.get('backend')}'")
+    passport = read_passport(engine_dir)
     missing = [f for f in passport.get("build_host", {}).get("cpu_flags", []) if f not in _cpu_flags()]
     if missing:
         raise BackendUnavailable(

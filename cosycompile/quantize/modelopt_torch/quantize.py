@@ -25,7 +25,7 @@ import numpy as np
 from cosycompile.errors import ModelError, RecipeError
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
-from cosycompile.stage_io import LLM_STEP
+from cosycompile.stages.llm import LLM_STEP
 from cosycompile.quantize.calibrate import load_records
 
 _CONFIGS = {"int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG", "int4_awq": "INT4_AWQ_CFG",
@@ -101,9 +101,11 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     from cosycompile.models.loader import load_models
     from cosycompile.stages.common import model_dir
-    from cosycompile.stages.llm import assets, info
+    from cosycompile.stages.llm.export import stage_parts
 
-    p = ctx.params
+    s = ctx.spec
+    p = {**s.model_dump(), "method": s.resolved_method, "alpha": 0.5 if s.alpha is None else s.alpha,
+         "block_size": s.block_size or 128, "opset": ctx.params["opset"]}
     torch.manual_seed(0)
     models = load_models(model_dir(ctx), ("llm",))
     lm = models.llm
@@ -131,15 +133,17 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), ctx.out / "trtllm")
     if "onnx" in p["exports"]:
         meta["onnx"] = _export_onnx(lm, models, p, ctx)
-        gd = GraphsDir(ctx.out, "llm", {LLM_STEP.name: {"file": "llm_step.onnx", "inputs": list(LLM_STEP.inputs),
-                                                        "outputs": list(LLM_STEP.outputs), "precision": p["format"]}},
-                       {}, dict(info(models), precision=p["format"]))
-        for name, arr in assets(models).items():
+        _, assets, info = stage_parts(models)
+        gd = GraphsDir(ctx.out, "llm", {LLM_STEP.name: {"file": "llm_step.onnx", "inputs": LLM_STEP.input_names,
+                                                        "outputs": LLM_STEP.output_names, "precision": p["format"],
+                                                        "spec": LLM_STEP.describe(info)}},
+                       {}, dict(info, precision=p["format"]))
+        for name, arr in assets.items():
             np.save(ctx.out / f"{name}.npy", arr)
             gd.assets[name] = f"{name}.npy"
         gd.write()
     else:  # checkpoint-only build (GPU recipes): still a graphs dir, with no graphs
-        GraphsDir(ctx.out, "llm", {}, {}, dict(info(models), precision=p["format"])).write()
+        GraphsDir(ctx.out, "llm", {}, {}, dict(stage_parts(models)[2], precision=p["format"])).write()
     (ctx.out / "quantization.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
     return meta
 
@@ -195,12 +199,12 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
         mtq.fold_weight(lm.qwen)
     c = models.config.llm
     step = LLMDecodeStep(lm).eval()
-    embeds = torch.randn(1, 3, c.hidden_size)
-    past = torch.randn(c.num_layers, 2, 1, c.num_kv_heads, 2, c.head_dim)
-    axes = {"inputs_embeds": {0: "batch", 1: "seq"}, "past_key_values": {2: "batch", 4: "past"},
-            "logits": {0: "batch", 1: "seq"}, "present_key_values": {2: "batch", 4: "total"}}
+    from cosycompile.stages.llm.export import stage_parts
+
+    dummy = LLM_STEP.dummy_inputs(stage_parts(models)[2])
+    args = tuple(torch.from_numpy(dummy[n]) for n in LLM_STEP.input_names)
     raw = ctx.out / ".llm_step.raw.onnx"
-    export_onnx(step, (embeds, past), raw, list(LLM_STEP.inputs), list(LLM_STEP.outputs), axes, p["opset"])
+    export_onnx(step, args, raw, LLM_STEP.input_names, LLM_STEP.output_names, LLM_STEP.dynamic_axes(), p["opset"])
     dst = ctx.out / "llm_step.onnx"
     if fmt == "int8_sq":
         raw.replace(dst)
@@ -218,7 +222,7 @@ def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None
 
     model = onnx.load(str(src))
     producers = {o: n for n in model.graph.node for o in n.output}
-    head = producers[LLM_STEP.outputs[0]]
+    head = producers[LLM_STEP.output_names[0]]
     while head.op_type != "MatMul":  # logits <- Add(bias) <- MatMul(head weight)
         head = next(producers[i] for i in head.input if i in producers)
     q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,

@@ -1,0 +1,36 @@
+"""The engine step body shared by every backend: hand the graphs dir to the recipe's backend,
+then write the passport (what built it, for what, from which key, and each file's digest)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cosycompile.core.graph import StepContext
+from cosycompile.runtime.loading import PASSPORT
+
+
+def build_engine(ctx: StepContext) -> dict[str, Any]:
+    """The ``<stage>.engine`` step."""
+    from cosycompile.backends import backend_infos
+    from cosycompile.core.hashing import sha256_file
+    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+
+    info = backend_infos()[ctx.params["backend"]]
+    target = TARGETS[ctx.target or "cpu"]
+    fields = info.hook("build")(ctx.inputs["graphs"], ctx.spec, target, ctx.out) or {}
+    gd = read_graphs_dir(ctx.out)
+    passport = {
+        **fields,
+        "backend": info.name,
+        "target": target.name,
+        "compute_capability": target.sm_tag,
+        "precision": ctx.params["precision"],
+        "options": ctx.spec.model_dump(mode="json"),
+        "graphs": {name: g.get("spec") for name, g in gd.graphs.items()},
+        "key": ctx.key,
+        "files": {str(f.relative_to(ctx.out)): sha256_file(f) for f in sorted(ctx.out.rglob("*")) if f.is_file()},
+    }
+    (ctx.out / PASSPORT).write_text(json.dumps(passport, indent=1, sort_keys=True))
+    return {"passport": {k: v for k, v in passport.items() if k != "files"}}

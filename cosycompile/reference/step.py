@@ -1,0 +1,85 @@
+"""The FP32 reference as a cached step, shared by every recipe on the same model.
+
+Its key covers the model, the eval items, sampling, the checks' workloads and this code, never a
+recipe's name, backends or formats; so building ``cpu-fp32`` then ``cpu-int8`` on one model runs
+the PyTorch reference once. Outputs (the step's data dir)::
+
+    <stage>.npz        what that stage's check compares an engine with (stage plug-in's ``reference``)
+    pipeline.npz       tokens.<n>, mel.<n>, wav.<n> of text -> wav per eval item
+    timing.json        reference latencies on the first item (for ``validation.speed.reference: cached``)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from cosycompile.core.graph import StepContext
+
+FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus 3 look-ahead tokens
+
+
+def run(ctx: StepContext) -> dict[str, Any]:
+    """The ``reference`` step."""
+    from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.runtime.pipeline import Pipeline, Sampling
+    from cosycompile.stages import stage_infos
+    from cosycompile.stages.common import eval_inputs, model_dir
+
+    p = ctx.params
+    models = load_reference(model_dir(ctx), tuple(stage_infos()), p["threads"])
+    runtimes = {s: reference_runtime(s, models) for s in stage_infos()}
+    inputs = eval_inputs(ctx)
+    extra = {"speech_token_size": models.config.speech_token_size}
+    for name, sinfo in ctx.progress(list(stage_infos().items()), desc="stage references"):
+        arrays = sinfo.hook("reference")(runtimes[name], inputs, p["checks"][name], {**p, **extra})
+        np.savez(ctx.out / f"{name}.npz", **arrays)
+    pipe = Pipeline(runtimes["llm"], runtimes["flow"], runtimes["hift"])
+    sampling = Sampling(**p["sampling"])
+    arrays, seconds = {}, []
+    for n, (text_ids, prompt) in enumerate(ctx.progress(inputs, desc="text -> wav")):
+        syn = pipe.synthesize(text_ids, prompt, sampling, seed=n)
+        arrays.update({f"tokens.{n}": syn.tokens, f"mel.{n}": syn.mel, f"wav.{n}": syn.wav})
+        seconds.append(syn.seconds)
+    np.savez(ctx.out / "pipeline.npz", **arrays)
+    # Timed only for recipes that compare speed with a cached reference timing (the key says so).
+    timing = reference_timing(pipe, inputs[0], sampling, p["speed"]) if inputs and p.get("speed") else {}
+    (ctx.out / "timing.json").write_text(json.dumps(timing, indent=1, sort_keys=True))
+    return {"items": len(inputs), "synthesis_seconds": seconds}
+
+
+def workloads(pipe: Any, first: tuple[np.ndarray, Any], sampling: Any) -> dict[str, Any]:
+    """The timed workloads on the first eval item, the same for reference and build."""
+    from cosycompile.runtime.pipeline import Sampling
+
+    text_ids, prompt = first
+    tokens = pipe.llm.generate(text_ids, prompt, sampling)
+    mel = pipe.flow.mel(tokens, prompt) if len(tokens) else np.zeros((80, 0), np.float32)
+    cap = Sampling(mode="greedy", max_tokens=FIRST_CHUNK_TOKENS)
+
+    def first_chunk(p: Any) -> None:
+        toks = p.llm.generate(text_ids, prompt, cap)
+        p.hift.wav(p.flow.mel(toks, prompt)[:, : 2 * 25], 0)
+
+    return {
+        "tokens": tokens, "mel": mel,
+        "cases": {
+            "llm": lambda p: p.llm.generate(text_ids, prompt, sampling),
+            "flow": lambda p: p.flow.mel(tokens, prompt),
+            "hift": lambda p: p.hift.wav(mel, 0),
+            "end_to_end": lambda p: p.synthesize(text_ids, prompt, sampling),
+            "first_chunk": first_chunk,
+        },
+    }
+
+
+def reference_timing(pipe: Any, first: tuple[np.ndarray, Any], sampling: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """Median latency of each workload on the reference (used when speed is compared to a cached timing)."""
+    from cosycompile.validate.speed import timed
+
+    w = workloads(pipe, first, sampling)
+    if not len(w["tokens"]):
+        return {}
+    return {name: timed(lambda: fn(pipe), spec["warmup"], spec["runs"])[0] for name, fn in w["cases"].items()}

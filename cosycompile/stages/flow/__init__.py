@@ -1,0 +1,59 @@
+"""Flow stage: the token encoder graph and the CFM estimator graph (batch 2 for CFG, dynamic T).
+
+The Euler loop and CFG mixing stay in numpy (runtime.pipeline.FlowRuntime) so every backend runs
+the exact same solver; only the estimator, called 10 times per utterance, and the encoder compile.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosycompile.runtime.graphspec import Dim, GraphSpec, Tensor
+from cosycompile.stages import StageInfo
+from cosycompile.validate.registry import Metric
+
+FLOW_ENCODER = GraphSpec(
+    name="flow_encoder",
+    inputs=(Tensor("token", "int64", (1, "tokens"), (0, 100)),
+            Tensor("embedding", "float32", (1, "spk_embed_dim"))),
+    outputs=(Tensor("mu", "float32", (1, "mel_bins", "frames")), Tensor("spks", "float32", (1, "mel_bins"))),
+    dims=(Dim("tokens", 1, 250, 1500, 20), Dim("frames", 2, 500, 3000, 40)),
+)
+# CosyVoice's own TensorRT profile for the estimator: T 4 / 500 / 3000 at batch 2.
+FLOW_ESTIMATOR = GraphSpec(
+    name="flow_estimator",
+    inputs=(Tensor("x", "float32", (2, "mel_bins", "frames")),
+            Tensor("mask", "float32", (2, 1, "frames"), (1.0, 1.0)),
+            Tensor("mu", "float32", (2, "mel_bins", "frames")),
+            Tensor("t", "float32", (2,), (0.0, 1.0)),
+            Tensor("spks", "float32", (2, "mel_bins")),
+            Tensor("cond", "float32", (2, "mel_bins", "frames"))),
+    outputs=(Tensor("estimator_out", "float32", (2, "mel_bins", "frames")),),
+    dims=(Dim("frames", 4, 500, 3000, 64),),
+    calib_crop_dim="frames",
+    quantizable=True,
+)
+
+
+class FlowCheck(BaseModel):
+    """The flow check's workload: estimator lengths compared one call at a time, then the full CFM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lengths: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512], min_length=1)
+    cfm_tokens: int = Field(50, ge=1, description="speech tokens per eval prompt for the CFM comparison")
+
+
+PLUGIN = StageInfo(
+    order=1,
+    summary="flow encoder + CFM estimator (1-D UNet, batch 2 for CFG)",
+    model_files=("cosyvoice2.yaml", "flow.pt"),
+    graphs=(FLOW_ENCODER, FLOW_ESTIMATOR),
+    check_spec=FlowCheck,
+    metrics=(
+        Metric("estimator_max_abs_error", "estimator_max_abs_error", False, "", description="one estimator call"),
+        Metric("mel_snr_db", "cfm_mel_snr_db_min", True, "dB", description="min mel SNR after the 10-step CFM"),
+        Metric("speedup_vs_fp32", "speedup_vs_fp32", True, "x", "speed", "estimator vs the FP32 engine"),
+    ),
+    runtime="cosycompile.runtime.pipeline:FlowRuntime",
+)
