@@ -78,7 +78,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     s = ctx.spec
     stage, fmt = ctx.params["stage"], s.format
-    hp = s.high_precision_dtype if s.high_precision_dtype != "auto" else ("fp32" if ctx.params["target_kind"] == "cpu" else "fp16")
+    hp = s.high_precision_dtype
+    if hp == "auto":  # FP16 islands make ORT CPU slower than FP32; TensorRT wants them
+        hp = "fp32" if ctx.params["target_kind"] == "cpu" else "fp16"
     p = {"method": s.resolved_method, "exclude": list(s.exclude), "high_precision_dtype": hp,
          "block_size": s.block_size or 128, "opset": ctx.params["opset"]}
     specs = {g.name: g for g in get_stage(stage).graphs}

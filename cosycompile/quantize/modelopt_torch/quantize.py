@@ -197,7 +197,6 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
         # Bake the calibrated weights (AWQ scaling and clipping included) into plain tensors; the
         # activation-side AWQ scale stays as a Mul in front of each layer.
         mtq.fold_weight(lm.qwen)
-    c = models.config.llm
     step = LLMDecodeStep(lm).eval()
     from cosycompile.stages.llm.export import stage_parts
 
