@@ -96,3 +96,19 @@ def test_plan_shows_reasons_without_work(built: dict, tmp_path: Path) -> None:
     assert lines["flow.export"].lstrip().startswith("cached")
     assert lines["llm.engine"].lstrip().startswith("cached")
     assert before == sorted(p.name for p in (built["art"] / "cache" / "objects").glob("*/*"))
+
+
+def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, tmp_path: Path) -> None:
+    """cpu-fp32 then cpu-int8 on one model: the PyTorch reference runs once, in one cache entry."""
+    assert built["res"].returncode == 0
+    recipe = write_recipe(tmp_path / "cpu-int8.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
+        "calibration": {"set": str(REPO / "calib_data" / "calib"), "max_items": 4}}, base=False)
+    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]))
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    ran = next(ln for ln in res.stdout.splitlines() if ln.startswith("built cpu-int8")).split("ran: ", 1)[1]
+    assert "reference" not in ran.split(", ") and "pipeline.check" in ran
+    assert "reference         cached" in res.stderr or "reference  cached" in " ".join(res.stderr.split())
+    steps = [json.loads(p.read_text())["step"] for p in (built["art"] / "cache" / "objects").glob("*/*/entry.json")]
+    assert steps.count("reference") == 1
+    assert steps.count("pipeline.check") == 2

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosycompile import dsp
+from cosycompile.runtime import dsp
 
 
 def _speechlike(sr: int, seconds: float = 1.5, seed: int = 0) -> np.ndarray:

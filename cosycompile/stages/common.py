@@ -51,7 +51,8 @@ def export_stage(ctx: StepContext, stage: str) -> dict[str, Any]:
 
 def write_check(ctx: StepContext, metrics: dict[str, Any]) -> dict[str, Any]:
     """Store a check's measurements as ``check.json``; thresholds are applied by the gate."""
-    body = {"stage": ctx.name.split(".")[0], "metrics": metrics, "workload": ctx.params.get("spec", {})}
+    workload = ctx.spec.model_dump(mode="json") if ctx.spec is not None else {}
+    body = {"stage": ctx.name.split(".")[0], "metrics": metrics, "workload": workload}
     (ctx.out / "check.json").write_text(json.dumps(body, indent=1, sort_keys=True, default=float))
     return {"metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 

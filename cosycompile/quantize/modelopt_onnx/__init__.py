@@ -22,7 +22,7 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    quantizer: Literal["modelopt_onnx"] | None = None
+    quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
     format: Literal["int8", "fp8", "int4"]
     method: str | None = Field(None, description="calibration method (default: per format)")
     block_size: int | None = Field(None, ge=16, description="INT4 block size (int4; 128)")

@@ -25,7 +25,7 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    quantizer: Literal["modelopt_torch"] | None = None
+    quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
     format: Literal["int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"]
     method: str | None = Field(None, description="calibration method (default: per format)")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="SmoothQuant migration strength (int8_sq; 0.5)")
