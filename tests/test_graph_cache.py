@@ -27,9 +27,9 @@ def _boom(ctx: StepContext) -> dict:
 
 
 def _chain(value_a: int = 1, value_b: int = 2) -> tuple[Step, Step, Step]:
-    a = Step("a", "test.a", _writer, params={"value": value_a}, sources=("graph.py",))
-    b = Step("b", "test.b", _writer, params={"value": value_b}, sources=("graph.py",))
-    c = Step("c", "test.c", _writer, params={"value": 0}, deps={"a": a, "b": b}, sources=("graph.py",))
+    a = Step("a", "test.a", _writer, params={"value": value_a})
+    b = Step("b", "test.b", _writer, params={"value": value_b})
+    c = Step("c", "test.c", _writer, params={"value": 0}, deps={"a": a, "b": b})
     return a, b, c
 
 
@@ -64,7 +64,7 @@ def test_key_covers_params_inputs_tools_target(tmp_path: Path) -> None:
     assert Step("s", "k", _writer, params={"x": 2}).key(store) != base
     assert Step("s", "k", _writer, params={"x": 1}, target="l20").key(store) != base
     assert Step("s", "k", _writer, params={"x": 1}, tools=("numpy",)).key(store) != base
-    assert Step("s", "k", _writer, params={"x": 1}, sources=("cache.py",)).key(store) != base
+    assert Step("s", "k", _writer, params={"x": 1}, code=("cosycompile.cache.local",)).key(store) != base
     assert Step("other-name", "k", _writer, params={"x": 1}).key(store) == base  # names are not content
 
 

@@ -17,16 +17,16 @@ def test_repo_recipes_load() -> None:
     assert r.name == "cpu-fp32"
     assert r.model == "builtin:tiny"
     assert r.enabled_stages() == ["llm", "flow", "hift"]
-    assert r.stages.flow.export.opset == 18
+    assert r.stage("flow").export.opset == 18
     assert r.resolve_path(r.validation.eval_set).resolve() == (REPO / "calib_data" / "eval").resolve()
 
 
 def test_extends_merges_deeply(tmp_path: Path) -> None:
     p = write_recipe(tmp_path / "r.yaml", {"name": "x", "stages": {"flow": {"export": {"simplify": "none"}}}})
     r = load_recipe(p)
-    assert r.stages.flow.export.simplify == "none"
-    assert r.stages.flow.export.opset == 18  # kept from base
-    assert r.stages.llm.export.simplify == "onnxslim"
+    assert r.stage("flow").export.simplify == "none"
+    assert r.stage("flow").export.opset == 18  # kept from base
+    assert r.stage("llm").export.simplify == "onnxslim"
 
 
 def _err(tmp_path: Path, text: str) -> str:

@@ -79,9 +79,11 @@ class Step:
             params = dict(self.params)
             if self.spec is not None:
                 params["spec"] = self.spec.model_dump(mode="json")
+            roots = self.code_roots()
+            ours = tuple(r for r in roots if r == "cosycompile" or r.startswith("cosycompile."))
             self._components = {
                 "kind": self.kind,
-                "code": code_digest(self.code_roots()),
+                "code": code_digest(ours) + _external_digest(tuple(r for r in roots if r not in ours)),
                 "params": params,
                 "inputs": {n: d.key(store) for n, d in sorted(self.deps.items())},
                 "files": {
@@ -100,6 +102,24 @@ class Step:
         if self._key is None:
             self._key = digest_obj(self.components(store))
         return self._key
+
+
+def _external_digest(modules: tuple[str, ...]) -> str:
+    """Modules outside the package (a plug-in from another distribution, a test's step body): their
+    source file's digest, found without importing them. An unfindable module is an error."""
+    if not modules:
+        return ""
+    from importlib.util import find_spec
+
+    from cosycompile.core.hashing import sha256_file
+
+    parts = []
+    for m in sorted(set(modules)):
+        spec = find_spec(m)
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            raise RuntimeError(f"step code module '{m}' cannot be found")
+        parts.append((m, sha256_file(Path(spec.origin))))
+    return ":" + digest_obj(parts)
 
 
 def lazy(ref: str) -> Callable[[StepContext], Any]:

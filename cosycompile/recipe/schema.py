@@ -223,7 +223,10 @@ def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: Ke
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_pydantic(exc, located, prefix)) from None
+        msg = _format_pydantic(exc, located, prefix)
+        if exc.errors()[0]["type"] == "extra_forbidden":
+            msg += f" (known: {', '.join(model.model_fields)})"
+        raise RecipeError(msg) from None
 
 
 def _check_combinations(recipe: Recipe, located: Located) -> None:
@@ -237,7 +240,8 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
     stages = stage_infos()
     for name in recipe.stages:
         if name not in stages:
-            raise RecipeError(f"{located.where(('stages', name))}: unknown stage '{name}' (stages are: {', '.join(stages)})")
+            raise RecipeError(f"{located.where(('stages', name))}: unknown stage 'stages.{name}' "
+                              f"(stages are: {', '.join(stages)})")
     if recipe.target not in TARGETS:
         raise RecipeError(
             f"{located.where(('target',))}: unknown target '{recipe.target}' (known: {', '.join(sorted(TARGETS))})"
