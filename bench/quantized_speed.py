@@ -26,12 +26,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def median_ms(fn, warmup: int, runs: int) -> tuple[float, float]:
-    """(median, p90) milliseconds, with the project's one timing helper."""
-    from cosycompile.validate.speed import timed
+def paired(reference, candidate, pairs: int):
+    """FP32 engine vs quantized engine timed in interleaved pairs (the project's one ratio method)."""
+    from cosycompile.validate.speed import paired_ratio
 
-    med, p90 = timed(fn, warmup, runs)
-    return 1000 * med, 1000 * p90
+    return paired_ratio(reference, candidate, pairs=pairs)
 
 
 def main() -> int:
@@ -87,30 +86,29 @@ def main() -> int:
                  "build_seconds": build_s}
 
     # Flow estimator: one call at T frames, batch 2 (CFG), quantized vs FP32 engine.
-    q_flow = stage_runtime("flow", eng[("flow", "engine")], "onnxruntime", args.threads)
-    f_flow = stage_runtime("flow", eng[("flow", "engine_fp32")], "onnxruntime", args.threads)
+    q_flow = stage_runtime("flow", eng[("flow", "engine")], args.threads)
+    f_flow = stage_runtime("flow", eng[("flow", "engine_fp32")], args.threads)
     ref_flow = reference_runtime("flow", models)
     T = args.frames
     feeds = (rng.standard_normal((2, 80, T), dtype=np.float32), np.ones((2, 1, T), np.float32),
              rng.standard_normal((2, 80, T), dtype=np.float32), np.full(2, 0.5, np.float32),
              rng.standard_normal((2, 80), dtype=np.float32), rng.standard_normal((2, 80, T), dtype=np.float32))
-    f_ms, f_p90 = median_ms(lambda: f_flow.estimator_call(*feeds), 1, args.runs)
-    q_ms, q_p90 = median_ms(lambda: q_flow.estimator_call(*feeds), 1, args.runs)
+    r = paired(lambda: f_flow.estimator_call(*feeds), lambda: q_flow.estimator_call(*feeds), args.runs)
     tokens = rng.integers(0, 6561, T // 2)
     from cosycompile.runtime.pipeline import Prompt
 
     prompt = Prompt.empty()
     prompt.embedding = rng.standard_normal(192).astype(np.float32)
     ref_mel = ref_flow.mel(tokens, prompt)
-    out["flow"] = {"fp32_engine_ms": f_ms, "fp32_engine_p90_ms": f_p90, "quant_engine_ms": q_ms,
-                   "quant_engine_p90_ms": q_p90, "speedup": f_ms / q_ms,
+    out["flow"] = {"fp32_engine_ms": 1000 * r.reference_s, "quant_engine_ms": 1000 * r.candidate_s,
+                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs,
                    "mel_snr_db_quant_vs_torch": mel_snr_db(ref_mel, q_flow.mel(tokens, prompt)),
                    "mel_snr_db_fp32_engine_vs_torch": mel_snr_db(ref_mel, f_flow.mel(tokens, prompt)),
-                   "precision": recipe.stage("flow").quantize.format}
+                   "precision": recipe.typed("flow")["quantize"].format}
 
     # LLM decode step: per-token latency on a growing cache; logit cosine teacher-forced.
-    q_llm = stage_runtime("llm", eng[("llm", "engine")], "onnxruntime", args.threads)
-    f_llm = stage_runtime("llm", eng[("llm", "engine_fp32")], "onnxruntime", args.threads)
+    q_llm = stage_runtime("llm", eng[("llm", "engine")], args.threads)
+    f_llm = stage_runtime("llm", eng[("llm", "engine_fp32")], args.threads)
     ref_llm = reference_runtime("llm", models)
     text = rng.integers(0, 1000, 24)
     empty = Prompt.empty()
@@ -120,26 +118,28 @@ def main() -> int:
         for tok in range(args.tokens):
             _, cache = rt.step(rt.speech_embedding[tok][None, None].astype(np.float32), cache)
 
-    f_ms, _ = median_ms(lambda: decode(f_llm), 1, max(3, args.runs // 2))
-    q_ms, _ = median_ms(lambda: decode(q_llm), 1, max(3, args.runs // 2))
+    r = paired(lambda: decode(f_llm), lambda: decode(q_llm), max(3, args.runs // 2))
     speech = rng.integers(0, 6561, 48)
     ref_logits = ref_llm.teacher_forced_logits(text, empty, speech)
-    out["llm"] = {"fp32_engine_ms_per_token": f_ms / args.tokens, "quant_engine_ms_per_token": q_ms / args.tokens,
-                  "speedup": f_ms / q_ms, "tokens_timed": args.tokens,
+    out["llm"] = {"fp32_engine_ms_per_token": 1000 * r.reference_s / args.tokens,
+                  "quant_engine_ms_per_token": 1000 * r.candidate_s / args.tokens,
+                  "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "tokens_timed": args.tokens,
                   "logit_cosine_quant_vs_torch": logit_cosine(ref_logits, q_llm.teacher_forced_logits(text, empty, speech)),
                   "logit_cosine_fp32_engine_vs_torch": logit_cosine(ref_logits,
                                                                     f_llm.teacher_forced_logits(text, empty, speech)),
-                  "precision": recipe.stage("llm").quantize.format}
+                  "precision": recipe.typed("llm")["quantize"].format}
     dest = tmp / f"{base.name}.json"
     dest.write_text(json.dumps(out, indent=1))
     fl, ll = out["flow"], out["llm"]
     print("| recipe | stage | format | FP32 engine | quantized engine | speed-up | quality vs PyTorch FP32 |")
     print("|---|---|---|---|---|---|---|")
     print(f"| {base.name} | flow estimator (T={T}, batch 2) | {fl['precision']} | {fl['fp32_engine_ms']:.1f} ms | "
-          f"{fl['quant_engine_ms']:.1f} ms | {fl['speedup']:.2f}x | mel SNR {fl['mel_snr_db_quant_vs_torch']:.1f} dB "
+          f"{fl['quant_engine_ms']:.1f} ms | {fl['speedup']:.2f}x ({fl['speedup_spread'][0]:.2f}-{fl['speedup_spread'][1]:.2f}, "
+          f"{fl['pairs']} pairs) | mel SNR {fl['mel_snr_db_quant_vs_torch']:.1f} dB "
           f"after 10 CFM steps (FP32 engine: {fl['mel_snr_db_fp32_engine_vs_torch']:.1f} dB) |")
     print(f"| {base.name} | LLM decode step | {ll['precision']} | {ll['fp32_engine_ms_per_token']:.2f} ms/token | "
-          f"{ll['quant_engine_ms_per_token']:.2f} ms/token | {ll['speedup']:.2f}x | logit cosine "
+          f"{ll['quant_engine_ms_per_token']:.2f} ms/token | {ll['speedup']:.2f}x ({ll['speedup_spread'][0]:.2f}-"
+          f"{ll['speedup_spread'][1]:.2f}, {ll['pairs']} pairs) | logit cosine "
           f"{ll['logit_cosine_quant_vs_torch']:.4f} |")
     print(f"result: {dest}")
     return 0

@@ -111,4 +111,4 @@ def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, 
     assert "reference         cached" in res.stderr or "reference  cached" in " ".join(res.stderr.split())
     steps = [json.loads(p.read_text())["step"] for p in (built["art"] / "cache" / "objects").glob("*/*/entry.json")]
     assert steps.count("reference") == 1
-    assert steps.count("pipeline.check") == 2
+    assert steps.count("pipeline.check") >= 2

@@ -199,7 +199,7 @@ def test_llm_exclusion_matching_nothing(tmp_path: Path) -> None:
 
 
 def test_flow_exclusion_matching_nothing(tmp_path: Path) -> None:
-    rc, err, art = _bad(tmp_path, "calibration: {max_items: 2}\nstages:\n  llm: {quantize: {format: fp32}}\n"
+    rc, err, art = _bad(tmp_path, "calibration: {max_items: 2}\nstages:\n  llm: {enabled: false}\n"
                                   "  flow:\n    quantize: {exclude: ['/no_such_node/']}\n")
     assert rc == 2 and "/no_such_node/" in err and "matches no node" in err
     _one_line(err)

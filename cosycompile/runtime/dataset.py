@@ -11,7 +11,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: planning a cached build needs none
+    import numpy as np
 
 from cosycompile.errors import DataError
 

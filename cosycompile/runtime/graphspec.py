@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # numpy is imported where arrays are made: planning a cached build needs none
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class GraphSpec:
 
     def dummy_inputs(self, info: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
         """Inputs at each dynamic dim's ``example`` size (what the exporter traces with)."""
+        import numpy as np
+
         rng = np.random.default_rng(seed)
         sizes = {d.name: d.example for d in self.dims}
         out = {}
@@ -129,6 +134,8 @@ class GraphSpec:
 def crop_records(spec: GraphSpec, records: list[dict[str, np.ndarray]], info: dict[str, Any]) -> list[dict[str, np.ndarray]]:
     """Crop calibration records along the spec's crop dim to the shortest record (some quantizers
     concatenate activations across records, so the dynamic axes must agree)."""
+    import numpy as np
+
     if spec.calib_crop_dim is None or not records:
         return records
     dim = spec.calib_crop_dim
