@@ -34,7 +34,13 @@ class BackendInfo:
     stages: tuple[str, ...] | None = None  # None: any stage whose graphs it consumes
     check_format: Callable[[str, str, Any, int], tuple[str, str] | None] | None = None
     check_target: Callable[[Target], str | None] | None = None
-    unavailable: str | None = None  # why this installation cannot build with it
+    unavailable: str | None = None  # why this version of cosycompile cannot build with it at all
+    # Why this machine cannot build with it (its builder is not installed), checked before any step
+    # runs; called lazily so that validating a recipe imports nothing heavy.
+    build_problem: Callable[[Target], str | None] | None = None
+    # Why engines built for ``target`` cannot run on this machine (no GPU, another compute capability);
+    # the build then ends "built, not validated here" instead of running the checks.
+    run_problem: Callable[[Target], str | None] | None = None
     build: str = ".build:build"
     load: str = ".build:load"
     name: str = ""

@@ -35,6 +35,9 @@ class StepContext:
     target: str | None
     reporter: "Reporter"
     spec: Any = None  # the plug-in's typed spec (quantizer spec, backend options, check workload)
+    # A folder shared across steps for caches that speed work up without changing results
+    # (TensorRT timing caches); never part of a key.
+    cache_dir: Path | None = None
 
     def progress(self, items: Iterable[T], total: int | None = None, desc: str = "") -> Iterator[T]:
         """Iterate with a progress bar on a terminal (plain when not)."""
@@ -318,6 +321,7 @@ class Executor:
                             target=s.target,
                             reporter=self.reporter,
                             spec=s.spec,
+                            cache_dir=self.store.cache_dir / "shared",
                         )
                         meta = s.run(ctx) or {}
                         dt = time.perf_counter() - t0
