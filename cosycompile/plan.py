@@ -19,7 +19,7 @@ from cosycompile.recipe.targets import TARGETS
 from cosycompile.runtime.dataset import load_dataset
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny", "random-0.5b")
+BUILTIN_MODELS = ("tiny", "random-0.5b", "tiny-snake")
 FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx", "builtin.json",
                   "CosyVoice-BlankEN/tokenizer_config.json", "CosyVoice-BlankEN/vocab.json",
                   "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer.json")
@@ -75,14 +75,32 @@ class BuildPlan:
     steps: list[Step]
     final: Step
     stage_steps: dict[str, dict[str, Step]]
+    not_validated: dict[str, str]  # stage -> why its engine cannot run on this machine
 
 
-def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
-    """Every step the recipe needs, wired together (no work done, nothing heavy imported)."""
+def run_problems(recipe: Recipe) -> dict[str, str]:
+    """Stages whose engines cannot run on this machine, with the reason (then nothing is validated)."""
+    target = TARGETS[recipe.target]
+    out = {}
+    for name in recipe.enabled_stages():
+        hook = recipe.typed(name)["backend"].run_problem
+        reason = hook(target) if hook is not None else None
+        if reason:
+            out[name] = reason
+    return out
+
+
+def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | None = None) -> BuildPlan:
+    """Every step the recipe needs, wired together (no work done, nothing heavy imported).
+
+    ``engines_from``: a bundle whose engines are validated instead of building new ones
+    (``cosycompile validate``).
+    """
     from cosycompile.stages import stage_infos
 
     stages = stage_infos()
     target = TARGETS[recipe.target]
+    unrunnable = {} if engines_from is not None else run_problems(recipe)
     model = model_input(recipe)
     v = recipe.validation
     eval_set = load_dataset(recipe.resolve_path(v.eval_set))
@@ -145,7 +163,12 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
                 quantize.preflight = _exclusion_preflight(qinfo, source, list(qspec.exclude))
             graphs = steps["quantize"] = quantize
         engine = _engine_step(name, binfo, typed["options"], qspec.format, graphs, target.name)
+        if engines_from is not None:
+            engine = _imported_engine(name, engines_from / "engines" / name, binfo, target.name)
         steps["engine"] = engine
+        if unrunnable:
+            stage_steps[name] = steps
+            continue
         check = Step(
             name=f"{name}.check", kind=f"{name}.check", run=lazy(sinfo.ref("check")),
             code=(binfo.package, binfo.ref("load").split(":")[0]),
@@ -155,7 +178,7 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
             tools=TORCH_TOOLS + binfo.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",
         )
-        if qinfo is not None:
+        if qinfo is not None and engines_from is None:
             # Speed of a quantized engine is reported against the FP32 engine of the same backend.
             steps["engine_fp32"] = check.deps["fp32_engine"] = _engine_step(
                 name, binfo, typed["options"], "fp32", simplify, target.name, suffix=".fp32")
@@ -165,6 +188,10 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
         stage_steps[name] = steps
 
     enabled = recipe.enabled_stages()
+    if unrunnable:
+        final = _unvalidated_step(recipe, stage_steps, unrunnable, target.name)
+        targets = [final] if until is None else _until(stage_steps, until)
+        return BuildPlan(recipe, targets, final, stage_steps, unrunnable)
     final = Step(
         name="pipeline.check", kind="pipeline.check", run=lazy("cosycompile.validate.pipeline_check:run"),
         code=tuple(m for s in enabled for m in stage_steps[s]["check"].code)
@@ -181,12 +208,43 @@ def plan_build(recipe: Recipe, until: str | None = None) -> BuildPlan:
     model.attach(final, all_model_files)
     final.files["eval"] = (eval_set.root, eval_files)
     final.preflight = _audio_preflight(eval_files)
-    targets = [final]
-    if until is not None:
-        # Partial build: per stage, the deepest step at or before ``until`` (no pipeline check, no bundle).
-        keep = STEP_ORDER[: STEP_ORDER.index(until) + 1]
-        targets = [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
-    return BuildPlan(recipe, targets, final, stage_steps)
+    targets = [final] if until is None else _until(stage_steps, until)
+    return BuildPlan(recipe, targets, final, stage_steps, {})
+
+
+def _until(stage_steps: dict[str, dict[str, Step]], until: str) -> list[Step]:
+    """Partial build: per stage, the deepest step at or before ``until`` (no pipeline check, no bundle)."""
+    keep = STEP_ORDER[: STEP_ORDER.index(until) + 1]
+    return [next(st[k] for k in reversed(keep) if k in st) for st in stage_steps.values()]
+
+
+def _unvalidated_step(recipe: Recipe, stage_steps: dict[str, dict[str, Step]], reasons: dict[str, str],
+                      target: str) -> Step:
+    """The last step when the engines cannot run here: a report that says so (the gate fails it
+    unless told otherwise), so the bundle is still assembled for a machine that can validate it."""
+    enabled = recipe.enabled_stages()
+    return Step(
+        name="pipeline.check", kind="pipeline.unvalidated", run=lazy("cosycompile.validate.unvalidated:run"),
+        params={"stages": enabled, "reasons": reasons, "thresholds": recipe.validation.gate.thresholds(),
+                "backends": {s: recipe.stage(s).engine.backend for s in enabled},
+                "precisions": {s: recipe.typed(s)["quantize"].format for s in enabled}},
+        deps={f"{s}.engine": st["engine"] for s, st in stage_steps.items()}, target=target,
+        describe="record that the engines were built but cannot be validated on this machine",
+    )
+
+
+def _imported_engine(stage: str, engine_dir: Path, info: Any, target: str) -> Step:
+    """An engine taken from a bundle, keyed by its passport's file digests (what makes it that engine)."""
+    from cosycompile.runtime.loading import read_passport
+
+    passport = read_passport(engine_dir)
+    files = sorted(f for f in engine_dir.rglob("*") if f.is_file())
+    # Keyed by content (relative names + digests), not by where the bundle happens to be.
+    return Step(
+        name=f"{stage}.engine", kind=f"engine.imported.{info.name}", run=lazy("cosycompile.backends.step:import_engine"),
+        params={"digests": passport.get("files", {}), "key": passport.get("key")}, files={"engine": (engine_dir, files)},
+        target=target, describe=f"take the {stage} engine from {engine_dir}",
+    )
 
 
 def _module_roots(sinfo: Any, *hooks: str) -> tuple[str, ...]:

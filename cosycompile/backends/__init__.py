@@ -5,7 +5,8 @@ A backend folder's ``__init__.py`` is light (no runtime imports): ``PLUGIN = Bac
 with its typed options and what it can build. Its ``build.py`` holds the two verbs every backend
 has::
 
-    build(src: Path, options: Options, target: Target, out: Path) -> dict   # graphs dir -> engine dir
+    build(src: Path, options: Options, target: Target, out: Path, cache_dir: Path | None) -> dict
+        # graphs dir -> engine dir; cache_dir holds result-neutral caches (timing caches)
     load(engine_dir: Path, threads: int) -> dict[str, Runner]              # engine dir -> runners
 
 ``build`` returns the backend's own passport fields; the engine step adds the common ones

@@ -19,7 +19,7 @@ def build_engine(ctx: StepContext) -> dict[str, Any]:
 
     info = backend_infos()[ctx.params["backend"]]
     target = TARGETS[ctx.target or "cpu"]
-    fields = info.hook("build")(ctx.inputs["graphs"], ctx.spec, target, ctx.out) or {}
+    fields = info.hook("build")(ctx.inputs["graphs"], ctx.spec, target, ctx.out, cache_dir=ctx.cache_dir) or {}
     gd = read_graphs_dir(ctx.out)
     passport = {
         **fields,
@@ -34,3 +34,21 @@ def build_engine(ctx: StepContext) -> dict[str, Any]:
     }
     (ctx.out / PASSPORT).write_text(json.dumps(passport, indent=1, sort_keys=True))
     return {"passport": {k: v for k, v in passport.items() if k != "files"}}
+
+
+def import_engine(ctx: StepContext) -> dict[str, Any]:
+    """The engine step of ``cosycompile validate``: copy a bundle's engine dir, checking every digest."""
+    import shutil
+    from pathlib import Path
+
+    from cosycompile.core.hashing import sha256_file
+    from cosycompile.errors import UserError
+
+    src = Path(ctx.file_roots["engine"])
+    shutil.copytree(src, ctx.out, dirs_exist_ok=True)
+    for rel, digest in ctx.params["digests"].items():
+        f = ctx.out / rel
+        if not f.is_file() or sha256_file(f) != digest:
+            raise UserError(f"{src / rel}: does not match the digest in {src / PASSPORT}; the bundle was changed "
+                            "after it was built")
+    return {"imported_from": str(src), "key": ctx.params["key"]}

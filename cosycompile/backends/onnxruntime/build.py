@@ -43,7 +43,7 @@ def _session_options(threads: int, level: str, execution_mode: str = "sequential
     return so
 
 
-def build(src: Path, options: Any, target: Target, out: Path) -> dict[str, Any]:
+def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
     """Optimize each graph of ``src`` offline into ``out``; returns the passport's backend fields."""
     if target.kind != "cpu":
         raise BackendUnavailable(f"onnxruntime backend builds CPU engines only, not for target '{target.name}'")
