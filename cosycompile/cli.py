@@ -21,6 +21,9 @@ examples:
   cosycompile plan recipes/cpu-fp32.yaml           show what would run and why (no work)
   cosycompile init-model builtin:tiny --out m/     write a built-in model as a checkpoint dir
   cosycompile cache verify --full                  re-hash every cache entry
+  cosycompile pack BUNDLE -o bundle.tar.gz         one verified archive of a bundle
+  cosycompile unpack bundle.tar.gz DIR             unpack it on another machine (all or nothing)
+  cosycompile synthesize DIR --text "Hello." --out hello.wav   text -> wav with the bundle alone
 
 exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths)
 """
@@ -49,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--until", choices=("export", "simplify", "quantize", "engine", "check"),
                    help="stop after this step of every stage (no pipeline check, no bundle); e.g. "
                         "--until quantize builds a GPU recipe's checkpoints and ONNX on a CPU machine")
+    p.add_argument("--allow-unvalidated", action="store_true",
+                   help="pass the gate for engines this machine cannot run (the bundle says 'built, not validated "
+                        "here'; run `cosycompile validate BUNDLE` on a machine that can)")
     _add_common(p)
 
     p = sub.add_parser("plan", help="show the steps of a recipe, their keys, and which would run and why",
@@ -73,6 +79,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-quality-drop", type=float, default=None, help="relative, e.g. 0.05 = 5%% (default: recipe's)")
     p.add_argument("--max-slowdown", type=float, default=None, help="relative, e.g. 0.25 = 25%% (default: recipe's)")
     p.add_argument("--list-metrics", action="store_true", help="list the metric names a gate can use")
+    p.add_argument("--allow-unvalidated", action="store_true",
+                   help="pass a bundle whose engines were built but not validated (no check could run)")
+
+    p = sub.add_parser("validate", help="run the checks of a bundle on its own engines (on a machine that can run them)",
+                       description="Validate BUNDLE's engines against the PyTorch FP32 reference, as a build would, "
+                                   "and write a validated bundle. Needs the bundle's recipe (recorded in its manifest, "
+                                   "or --recipe) and its model and eval set.")
+    p.add_argument("bundle", type=Path, help="bundle dir")
+    p.add_argument("--recipe", type=Path, help="the recipe file, if not where the manifest says")
+    p.add_argument("--force", action="store_true", help="re-run every step even if cached")
+    _add_common(p)
 
     p = sub.add_parser("report", help="re-render a bundle's report.md (and plot) from its report.json")
     p.add_argument("bundle", type=Path, help="bundle dir")
@@ -88,6 +105,43 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(v)
     ls = csub.add_parser("ls", help="list cache entries")
     _add_common(ls)
+
+    p = sub.add_parser("pack", help="pack a bundle into one deterministic .tar.gz (every file checked against "
+                                    "manifest.json)",
+                       description="Write BUNDLE as one .tar.gz: the bundle's folder with manifest.json first, then "
+                                   "every file it lists in sorted order, with fixed metadata (the same bundle gives "
+                                   "the same bytes). A bundle whose files do not match their digests is refused.")
+    p.add_argument("bundle", type=Path, help="bundle dir (builds/<name>-<key12>/)")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="archive to write (.tar.gz)")
+
+    p = sub.add_parser("unpack", help="unpack a bundle archive into DIR, verifying every digest (all or nothing)",
+                       description="Extract FILE into DIR (must not exist, or be empty). Refuses links, devices, "
+                                   "paths leaving DIR and files not in the manifest, checks every digest, and leaves "
+                                   "DIR untouched on any refusal.")
+    p.add_argument("archive", type=Path, metavar="FILE", help="archive written by cosycompile pack")
+    p.add_argument("dir", type=Path, metavar="DIR", help="folder to create (or an empty one)")
+
+    p = sub.add_parser("synthesize", help="text -> 24 kHz wav on a CPU bundle alone (no torch, no model dir)",
+                       description="Synthesize TEXT with the bundle's engines and front end. Long texts are split "
+                                   "into sentences and synthesized piece by piece with the same prompt. Sampling "
+                                   "defaults are the recipe's validation.sampling.")
+    p.add_argument("bundle", type=Path, help="bundle dir (a build's, or one from cosycompile unpack)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to say")
+    src.add_argument("--text-file", type=Path, metavar="FILE", help="UTF-8 file with the text to say")
+    p.add_argument("--prompt-wav", type=Path, metavar="WAV", help="zero-shot prompt audio (the voice to imitate)")
+    p.add_argument("--prompt-text", metavar="TEXT", help="what the prompt audio says (needs --prompt-wav)")
+    p.add_argument("--seed", type=int, default=None, help="sampling and vocoder seed of the first piece; piece k "
+                                                          "uses SEED+k (default: the recipe's sampling seed)")
+    p.add_argument("--sampling", choices=("greedy", "ras"), default=None,
+                   help="speech-token sampling (default: the recipe's validation.sampling.mode)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="cap on speech tokens per piece, 0 for none (default: the recipe's)")
+    p.add_argument("--max-chars", type=int, default=80, metavar="N",
+                   help="longest piece in English-character equivalents; a CJK character counts 3 (default 80)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
+    p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (24 kHz PCM16)")
     return parser
 
 
@@ -117,10 +171,24 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return _cache(args, parser)
     if args.command == "gate":
         return _gate(args)
+    if args.command == "validate":
+        return _validate(args)
     if args.command == "report":
         return _report(args)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "pack":
+        from cosycompile.commands import pack
+
+        return pack.run(args)
+    if args.command == "unpack":
+        from cosycompile.commands import unpack
+
+        return unpack.run(args)
+    if args.command == "synthesize":
+        from cosycompile.commands import synthesize
+
+        return synthesize.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 
@@ -171,14 +239,34 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     g = recipe.validation.gate
     baseline = recipe.resolve_path(g.baseline) if g.baseline else None
     th = g.thresholds()
-    return _apply_gate(bundle, baseline, th["min"], th["max"], g.max_quality_drop, g.max_slowdown)
+    return _apply_gate(bundle, baseline, th["min"], th["max"], g.max_quality_drop, g.max_slowdown,
+                       args.allow_unvalidated)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from cosycompile.core.graph import Reporter
+    from cosycompile.validate.later import validate_bundle
+
+    bundle, recipe = validate_bundle(args.bundle, args.artifacts, Reporter(quiet=args.quiet), args.recipe, args.force)
+    print(f"validated: {bundle}")
+    g = recipe.validation.gate
+    th = g.thresholds()
+    return _apply_gate(bundle, None, th["min"], th["max"], g.max_quality_drop, g.max_slowdown)
 
 
 def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dict, max_drop: float,
-                max_slowdown: float) -> int:
+                max_slowdown: float, allow_unvalidated: bool = False) -> int:
     from cosycompile.validate.gate import check_baseline, check_thresholds, findings_table, load_report
 
     report = load_report(bundle)
+    if report.get("validated") is False:
+        why = "; ".join(f"{s}: {r}" for s, r in report.get("not_validated", {}).items())
+        if allow_unvalidated:
+            print(f"gate: PASS (built, not validated here: {why}; --allow-unvalidated)")
+            return 0
+        print(f"gate: FAIL (built, not validated here: {why}); run `cosycompile validate {bundle}` on a machine "
+              "that can run these engines, or pass --allow-unvalidated")
+        return 1
     findings = check_thresholds(report, minimum, maximum)
     if baseline is not None:
         findings += check_baseline(report, load_report(baseline), max_drop, max_slowdown)
@@ -213,7 +301,7 @@ def _gate(args: argparse.Namespace) -> int:
         raise UserError("gate: --max-quality-drop and --max-slowdown must be >= 0")
     minimum = {k: v for k, v in gate.get("min", {}).items() if v is not None}
     maximum = {k: v for k, v in gate.get("max", {}).items() if v is not None}
-    return _apply_gate(bundle, args.baseline, minimum, maximum, max_drop, max_slow)
+    return _apply_gate(bundle, args.baseline, minimum, maximum, max_drop, max_slow, args.allow_unvalidated)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -11,8 +11,9 @@ from cosycompile.errors import UserError
 
 
 def validate_bundle(bundle: Path, artifacts: Path, reporter: Any, recipe_path: Path | None = None,
-                    force: bool = False) -> Path:
-    """Validate ``bundle``'s engines against the FP32 reference; returns the validated bundle's dir."""
+                    force: bool = False) -> tuple[Path, Any]:
+    """Validate ``bundle``'s engines against the FP32 reference; returns the validated bundle's dir
+    and the recipe."""
     from cosycompile.cache.local import Store
     from cosycompile.exporters import exporter_infos
     from cosycompile.plan import executor, plan_build, run_problems
@@ -39,4 +40,4 @@ def validate_bundle(bundle: Path, artifacts: Path, reporter: Any, recipe_path: P
     plan = plan_build(recipe, engines_from=bundle)
     store = Store(artifacts)
     result = executor(plan, store, reporter, force=force).run()
-    return exporter_infos()["bundle"].hook("export")(plan, store, result)
+    return exporter_infos()["bundle"].hook("export")(plan, store, result), recipe

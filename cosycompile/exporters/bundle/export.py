@@ -1,4 +1,11 @@
-"""Assemble ``builds/<name>-<key12>/`` from cache entries (hard links where possible)."""
+"""Assemble ``builds/<name>-<key12>/`` from cache entries (hard links where possible).
+
+A bundle is self-contained: the engines, the front end's model files (``frontend/``: tokenizer
+files or ``builtin.json``, the Qwen2 ``config.json``, ``campplus.onnx``,
+``speech_tokenizer_v2.onnx``), the recipe, the report and audio, and ``manifest.json`` listing
+every other file of the bundle with its sha256, so that ``cosycompile pack``/``unpack`` and
+another machine can check what they got.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,16 @@ from typing import Any
 from cosycompile import __version__
 from cosycompile.cache.local import Store
 from cosycompile.core.graph import BuildResult
-from cosycompile.core.hashing import tool_versions
+from cosycompile.core.hashing import sha256_file, tool_versions
+
+MANIFEST = "manifest.json"
+FRONTEND_DIR = "frontend"
+MANIFEST_SCHEMA = 2  # 2: "files" (every file's sha256) and the front end in frontend/
+# Files the front end may read besides those the plan hashes for it (plan.FRONTEND_FILES): the Qwen2
+# config (vocab size of a built-in's stand-in tokenizer, model_type for a real one) and the tokenizer
+# files transformers also reads when they are present.
+_FRONTEND_EXTRA = ("CosyVoice-BlankEN/config.json", "CosyVoice-BlankEN/special_tokens_map.json",
+                   "CosyVoice-BlankEN/added_tokens.json")
 
 
 def bundle_dir(plan: Any, store: Store) -> Path:
@@ -21,10 +37,22 @@ def bundle_dir(plan: Any, store: Store) -> Path:
     return store.root / "builds" / f"{plan.recipe.name}-{plan.final.key(store)[:12]}"
 
 
+def frontend_files(model_dir: Path) -> list[str]:
+    """The files of ``model_dir`` (relative paths) that :class:`cosycompile.runtime.frontend.Frontend` reads."""
+    from cosycompile.plan import FRONTEND_FILES
+
+    return sorted(f for f in {*FRONTEND_FILES, *_FRONTEND_EXTRA} if (Path(model_dir) / f).is_file())
+
+
 def export(plan: Any, store: Store, result: BuildResult) -> Path:
-    """Publish the bundle atomically (no-op if present)."""
+    """Publish the bundle atomically; a no-op when it is present and intact.
+
+    A present bundle whose files no longer match its manifest (an edited or truncated file, one
+    missing, or a bundle written before manifests listed files) is written again and swapped in,
+    so that ``cosycompile build <recipe>`` is the repair for a damaged bundle.
+    """
     dest = bundle_dir(plan, store)
-    if (dest / "manifest.json").is_file():
+    if (dest / MANIFEST).is_file() and _intact(dest, store):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
@@ -37,8 +65,9 @@ def export(plan: Any, store: Store, result: BuildResult) -> Path:
                 _link(str(f), str(tmp / f.name))
             else:
                 shutil.copytree(f, tmp / f.name, copy_function=_link)
+        _copy_frontend(recipe, result, tmp / FRONTEND_DIR)
         manifest = {
-            "schema": 1,
+            "schema": MANIFEST_SCHEMA,
             "cosycompile": __version__,
             "recipe": recipe.name,
             "recipe_source": recipe.source,
@@ -51,17 +80,70 @@ def export(plan: Any, store: Store, result: BuildResult) -> Path:
                            "precision": recipe.typed(s)["quantize"].format,
                            "engine_key": result.entries[st["engine"].name].key}
                        for s, st in plan.stage_steps.items()},
+            "frontend": FRONTEND_DIR,
             "tools": tool_versions(("torch", "transformers", "onnx", "onnxruntime", "onnxslim")),
         }
         (tmp / "recipe.json").write_text(recipe.model_dump_json(indent=1, exclude={"source", "base_dir"}))
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        # The report's title reads the manifest: write it once without digests, render, then list every file.
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         from cosycompile.validate.report import render_bundle
 
         render_bundle(tmp)
-        os.replace(tmp, dest)
+        manifest["files"] = {rel: sha256_file(tmp / rel) for rel in bundle_files(tmp)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        _publish(tmp, dest)
+        # Remember the digests under the published paths, so the next no-op build checks the bundle by stat only.
+        for rel, digest in manifest["files"].items():
+            store.stat_cache.remember(dest / rel, digest)
+        store.stat_cache.save()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def bundle_files(root: Path) -> list[str]:
+    """Relative paths of every file under ``root`` except the manifest itself, sorted."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p != root / MANIFEST)
+
+
+def _intact(dest: Path, store: Store) -> bool:
+    """Whether ``dest`` holds exactly the files its manifest lists, with their digests (stat-cached)."""
+    try:
+        files = json.loads((dest / MANIFEST).read_text()).get("files")
+        if not isinstance(files, dict) or set(bundle_files(dest)) != set(files):
+            return False
+        ok = all(store.stat_cache.digest(dest / rel) == digest for rel, digest in files.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+    store.stat_cache.save()
+    return ok
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Rename ``tmp`` to ``dest``, moving a stale ``dest`` aside first (a directory cannot be replaced)."""
+    old = None
+    if dest.exists():
+        old = dest.parent / f".{dest.name}.old.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        os.replace(dest, old)
+    try:
+        os.replace(tmp, dest)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _copy_frontend(recipe: Any, result: BuildResult, out: Path) -> None:
+    """Copy the front end's files of the model the build used into ``out`` (the model dir's layout)."""
+    from cosycompile.plan import BUILTIN_PREFIX
+
+    if recipe.model.startswith(BUILTIN_PREFIX):
+        # A built-in model is the ``model`` step's cache entry: immutable, so hard links are safe.
+        src, copy = result.entries["model"].data, _link
+    else:
+        # A real model dir belongs to the user and may be edited in place: copy, never link.
+        src, copy = recipe.resolve_path(recipe.model), _copy
+    for rel in frontend_files(src):
+        copy(str(src / rel), str(out / rel))
 
 
 def _link(src: str, dst: str) -> None:
@@ -70,3 +152,8 @@ def _link(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def _copy(src: str, dst: str) -> None:
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)

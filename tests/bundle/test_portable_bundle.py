@@ -1,0 +1,216 @@
+"""A bundle runs on another machine: pack -> unpack -> synthesize with nothing but the bundle.
+
+One build of recipes/cpu-int8.yaml (two calibration items, one eval item, one timing run) serves
+every test; the bundle is packed and unpacked once, and tests that damage it work on copies.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import EVAL_SET, REPO, run_cli, write_recipe
+
+# Runs the CLI in-process so the test can see what it imported (a bundle server has no torch).
+_PROBE = ("import sys\nfrom cosycompile.cli import main\nrc = main(sys.argv[1:])\n"
+          "print('TORCH_IMPORTED', 'torch' in sys.modules)\nsys.exit(rc)\n")
+
+
+def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=600)
+
+
+def _one_line_error(res: subprocess.CompletedProcess) -> str:
+    """The single stderr line of a refused command (exit 2), asserted to be exactly one line."""
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cosycompile: error: "), res.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The small cpu-int8 build, its bundle, the packed archive and one unpacked copy."""
+    root = tmp_path_factory.mktemp("portable")
+    recipe = write_recipe(root / "cpu-int8-small.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
+        "calibration": {"max_items": 2},
+        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
+    }, base=False)
+    art = root / "art"
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    (bundle,) = (art / "builds").glob("cpu-int8-*")
+    archive = root / "bundle.tar.gz"
+    res = run_cli("pack", str(bundle), "-o", str(archive))
+    assert res.returncode == 0, res.stderr
+    unpacked = root / "elsewhere" / "bundle"
+    res = run_cli("unpack", str(archive), str(unpacked))
+    assert res.returncode == 0, res.stderr
+    return {"root": root, "art": art, "bundle": bundle, "archive": archive, "unpacked": unpacked}
+
+
+def _copy(build: dict[str, Path], tmp_path: Path) -> Path:
+    """A private copy of the unpacked bundle (plain files, no links into the build's cache)."""
+    return Path(shutil.copytree(build["unpacked"], tmp_path / "bundle"))
+
+
+def test_manifest_lists_every_file_and_the_front_end(build: dict[str, Path]) -> None:
+    bundle = build["bundle"]
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    on_disk = {str(p.relative_to(bundle)) for p in bundle.rglob("*") if p.is_file()}
+    assert set(manifest["files"]) == on_disk - {"manifest.json"}
+    for rel in ("frontend/builtin.json", "frontend/CosyVoice-BlankEN/config.json", "frontend/campplus.onnx",
+                "frontend/speech_tokenizer_v2.onnx", "engines/llm/engine.json", "recipe.json"):
+        assert rel in manifest["files"], rel
+    unpacked = build["unpacked"]
+    assert {str(p.relative_to(unpacked)) for p in unpacked.rglob("*") if p.is_file()} == on_disk
+
+
+def test_unpacked_bundle_alone_reproduces_the_builds_audio(build: dict[str, Path], tmp_path: Path) -> None:
+    import soundfile as sf
+
+    item = json.loads((EVAL_SET / "manifest.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    out = cwd / "out.wav"
+    # The build's artifacts (cache, model entry, bundle) are out of reach while the unpacked copy runs.
+    hidden = build["art"].with_name("art.hidden")
+    os.replace(build["art"], hidden)
+    try:
+        res = _cli("synthesize", str(build["unpacked"]), "--text", item["text"],
+                   "--prompt-wav", str(EVAL_SET / item["prompt_wav"]), "--prompt-text", item["prompt_text"],
+                   "--out", str(out), cwd=cwd, env={"HOME": str(home)})
+    finally:
+        os.replace(hidden, build["art"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "TORCH_IMPORTED False" in res.stdout, res.stdout
+    got, sr = sf.read(str(out), dtype="int16")
+    assert sr == 24000 and sf.info(str(out)).subtype == "PCM_16"
+    # The build wrote eval item 0 (sampling seed 0, vocoder seed 0) as PCM16: compare at that quantisation.
+    ref, _ = sf.read(str(build["unpacked"] / "audio" / f"{item['id']}.built.wav"), dtype="int16")
+    assert len(got) == len(ref) and len(ref) > 0
+    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
+    noise = float(np.sum((ref64 - got64) ** 2))
+    snr = np.inf if noise == 0 else 10 * np.log10(float(np.sum(ref64 ** 2)) / noise)
+    assert snr >= 60.0, snr
+
+
+def test_pack_is_deterministic_and_refuses_a_damaged_bundle(build: dict[str, Path], tmp_path: Path) -> None:
+    again = tmp_path / "again.tar.gz"
+    assert run_cli("pack", str(build["bundle"]), "-o", str(again)).returncode == 0
+    assert again.read_bytes() == build["archive"].read_bytes()
+    damaged = _copy(build, tmp_path)
+    target = damaged / "engines" / "hift" / "hift.onnx"
+    target.write_bytes(target.read_bytes()[:-10])  # truncated
+    out = tmp_path / "damaged.tar.gz"
+    line = _one_line_error(run_cli("pack", str(damaged), "-o", str(out)))
+    assert "hift.onnx" in line and "digest mismatch" in line
+    assert not out.exists() and not list(tmp_path.glob(".damaged.tar.gz*"))
+
+
+def _evil_tar(path: Path, member: tarfile.TarInfo, data: bytes = b"") -> Path:
+    """A small archive that looks like a bundle (a manifest at the top) plus one member it must refuse."""
+    manifest = json.dumps({"schema": 2, "files": {}}).encode()
+    with tarfile.open(path, "w:gz") as tar:
+        info = tarfile.TarInfo("b/manifest.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+        member.size = len(data) if member.isfile() else 0
+        tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return path
+
+
+def _symlink(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.SYMTYPE
+    info.linkname = target
+    return info
+
+
+@pytest.mark.parametrize("member, why", [
+    (tarfile.TarInfo("b/../x"), "'..'"),
+    (tarfile.TarInfo("/tmp/cosycompile-evil"), "absolute path"),
+    (_symlink("b/engines", "/etc"), "symbolic link"),
+], ids=["dotdot", "absolute", "symlink"])
+@pytest.mark.parametrize("dest_exists", [False, True], ids=["new-dir", "empty-dir"])
+def test_unpack_refuses_unsafe_members(tmp_path: Path, member: tarfile.TarInfo, why: str, dest_exists: bool) -> None:
+    archive = _evil_tar(tmp_path / "evil.tar.gz", member, b"payload")
+    dest = tmp_path / "out"
+    if dest_exists:
+        dest.mkdir()
+    line = _one_line_error(run_cli("unpack", str(archive), str(dest)))
+    assert why in line, line
+    assert (not dest.exists()) if not dest_exists else not any(dest.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["evil.tar.gz"] + (["out"] if dest_exists else []))
+    assert not Path("/tmp/cosycompile-evil").exists() and not (tmp_path / "x").exists()
+
+
+def test_unpack_refuses_a_file_not_in_the_manifest(build: dict[str, Path], tmp_path: Path) -> None:
+    archive = tmp_path / "extra.tar.gz"
+    with tarfile.open(build["archive"]) as src, tarfile.open(archive, "w:gz") as dst:
+        for m in src.getmembers():
+            dst.addfile(m, src.extractfile(m))
+        extra = tarfile.TarInfo(f"{build['bundle'].name}/engines/llm/extra.onnx")
+        extra.size = 4
+        dst.addfile(extra, io.BytesIO(b"evil"))
+    dest = tmp_path / "out"
+    line = _one_line_error(run_cli("unpack", str(archive), str(dest)))
+    assert "extra.onnx" in line and "not in its manifest.json" in line
+    assert not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["extra.tar.gz"]
+
+
+def test_flipped_engine_byte_is_refused_at_load(build: dict[str, Path], tmp_path: Path) -> None:
+    bundle = _copy(build, tmp_path)
+    engine = bundle / "engines" / "llm" / "llm_step.onnx"
+    data = bytearray(engine.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    engine.write_bytes(bytes(data))
+    res = _cli("synthesize", str(bundle), "--text", "Hello there.", "--out", str(tmp_path / "o.wav"), cwd=tmp_path)
+    line = _one_line_error(res)
+    assert str(engine) in line and "digest mismatch" in line and "cosycompile build" in line
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_passport_for_another_gpu_is_refused(build: dict[str, Path], tmp_path: Path) -> None:
+    bundle = _copy(build, tmp_path)
+    passport = bundle / "engines" / "flow" / "engine.json"
+    body = json.loads(passport.read_text())
+    body["compute_capability"] = "sm90"
+    passport.write_text(json.dumps(body))
+    # CUDA_VISIBLE_DEVICES="" hides any GPU, so the test says the same on a machine that has one.
+    res = _cli("synthesize", str(bundle), "--text", "Hello there.", "--out", str(tmp_path / "o.wav"), cwd=tmp_path,
+               env={"CUDA_VISIBLE_DEVICES": ""})
+    line = _one_line_error(res)
+    assert "built for sm90" in line and "no NVIDIA GPU" in line and "rebuild with: cosycompile build" in line
+
+
+def test_whitespace_text_is_refused(build: dict[str, Path], tmp_path: Path) -> None:
+    line = _one_line_error(run_cli("synthesize", str(build["unpacked"]), "--text", " \n\t ", "--out",
+                                   str(tmp_path / "o.wav")))
+    assert "empty or whitespace" in line
+    assert not (tmp_path / "o.wav").exists()
+
+
+def test_split_text_into_sentences_and_lengths() -> None:
+    from cosycompile.commands.synthesize import split_text, text_weight
+
+    assert split_text("Could you remind me what time the museum closes today?") == [
+        "Could you remind me what time the museum closes today?"]
+    assert split_text("Pi is 3.14 today. Really!  Yes?", max_chars=12) == ["Pi is 3.14", "today.", "Really! Yes?"]
+    assert split_text("请问这趟公交车经过人民广场吗？晚饭以后我们去看电影。", max_chars=50) == [
+        "请问这趟公交车经过人民广场吗？", "晚饭以后我们去看电影。"]
+    long = "word, " * 60 + "end."
+    pieces = split_text(long, max_chars=40)
+    assert all(text_weight(p) <= 40 for p in pieces) and " ".join(pieces) == " ".join(long.split())
