@@ -259,7 +259,7 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
         code=(info.package, info.ref("build").split(":")[0]), params={"backend": info.name, "precision": fmt}, spec=options,
         deps={"graphs": graphs}, tools=info.tools, target=target,
         describe=f"build the {stage} {fmt} engine with {info.name}",
-        preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
+        preflight=_unavailable_preflight(stage, info, TARGETS[target]) if info.unavailable or info.build_problem else None,
     )
 
 
@@ -305,10 +305,14 @@ def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
     return check
 
 
-def _unavailable_preflight(stage: str, info: Any) -> Callable[[], None]:
+def _unavailable_preflight(stage: str, info: Any, target: Any) -> Callable[[], None]:
+    """Refuse, before any step runs, an engine this version or this machine cannot build."""
+
     def check() -> None:
-        raise BackendUnavailable(f"stage '{stage}': backend '{info.name}': {info.unavailable}; "
-                                 f"build everything before the engine with --until quantize")
+        why = info.unavailable or (info.build_problem(target) if info.build_problem else None)
+        if why:
+            raise BackendUnavailable(f"stage '{stage}': backend '{info.name}' cannot build here: {why}; "
+                                     f"build everything before the engine with --until quantize")
 
     return check
 

@@ -102,7 +102,7 @@ def _c9(tmp, model):
 
 @case("backend-not-supported-by-stage")
 def _c10(tmp, model):
-    return ["build", str(_recipe(tmp, "stages:\n  llm:\n    engine: {backend: tensorrt}\n"))], ["cannot use backend"]
+    return ["build", str(_recipe(tmp, "stages:\n  flow:\n    engine: {backend: trtllm}\n"))], ["cannot use backend"]
 
 
 @case("unknown-backend")

@@ -68,8 +68,8 @@ def test_duplicate_key(tmp_path: Path) -> None:
 
 
 def test_backend_stage_does_not_support(tmp_path: Path) -> None:
-    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    engine: {backend: tensorrt}\n")
-    assert "stage 'llm' cannot use backend 'tensorrt'" in msg and "bad.yaml:5" in msg
+    msg = _err(tmp_path, BASE + "stages:\n  flow:\n    engine: {backend: trtllm}\n")
+    assert "stage 'flow' cannot use backend 'trtllm'" in msg and "bad.yaml:5" in msg
 
 
 def test_backend_cannot_build_for_target(tmp_path: Path) -> None:
@@ -112,15 +112,29 @@ def test_yaml_tags_rejected(tmp_path: Path) -> None:
 def test_planned_backend_loads_but_cannot_build_engines(tmp_path: Path) -> None:
     from cosycompile.plan import plan_build
 
-    body = "target: l20\nstages:\n  llm: {enabled: false}\n  hift: {enabled: false}\n"
+    body = "target: l20\nstages:\n  flow: {enabled: false}\n  hift: {enabled: false}\n"
     p = tmp_path / "gpu.yaml"
-    p.write_text(BASE + body + "  flow:\n    engine: {backend: tensorrt}\n")
+    p.write_text(BASE + body + "  llm:\n    engine: {backend: trtllm}\n    quantize: {format: int8_sq, exports: [hf]}\n")
     plan = plan_build(load_recipe(p))
-    engine = plan.stage_steps["flow"]["engine"]
+    engine = plan.stage_steps["llm"]["engine"]
     with pytest.raises(Exception, match="not part of this version.*--until quantize"):
         engine.preflight()
     partial = plan_build(load_recipe(p), until="quantize")
-    assert [s.name for s in partial.steps] == ["flow.simplify"]
+    assert [s.name for s in partial.steps] == ["llm.quantize"]
+
+
+def test_engines_that_cannot_run_here_end_built_not_validated(tmp_path: Path) -> None:
+    """A GPU recipe on this CPU machine: no check steps, a final step that says so."""
+    from cosycompile.plan import plan_build
+
+    p = tmp_path / "gpu.yaml"
+    p.write_text(BASE + "target: rtx4090\nstages:\n  llm: {enabled: false}\n  hift: {enabled: false}\n"
+                 "  flow:\n    engine: {backend: tensorrt}\n")
+    plan = plan_build(load_recipe(p))
+    if not plan.not_validated:
+        pytest.skip("this machine can run TensorRT engines")
+    assert plan.final.kind == "pipeline.unvalidated" and "flow" in plan.not_validated
+    assert "check" not in plan.stage_steps["flow"] and "NVIDIA GPU" in plan.not_validated["flow"]
 
 
 def test_onnx_int4_on_onnxruntime_cpu_is_refused(tmp_path: Path) -> None:

@@ -219,9 +219,10 @@ def load_recipe(path: str | Path) -> Recipe:
     return recipe
 
 
-def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: KeyPath) -> Any:
+def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: KeyPath,
+                 context: dict[str, Any] | None = None) -> Any:
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=context)
     except ValidationError as exc:
         msg = _format_pydantic(exc, located, prefix)
         if exc.errors()[0]["type"] == "extra_forbidden":
@@ -278,7 +279,8 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         problem = info.target_problem(target)
         if problem:
             raise RecipeError(f"{where}: backend '{info.name}' cannot build for target '{recipe.target}': {problem}")
-        options = _plugin_spec(info.options, spec.engine.options, located, base + ("engine", "options"))
+        options = _plugin_spec(info.options, spec.engine.options, located, base + ("engine", "options"),
+                               context={"target": target})
         q = spec.quantize
         qwhere = base + ("quantize",)
         if not isinstance(q.get("format", "fp32"), str):
@@ -297,7 +299,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
             problem2 = quantizer.check(qspec, name) if quantizer.check else None
             if problem2 is None and target_problem(fmt, target):
                 problem2 = ("format", target_problem(fmt, target) or "")
-            if problem2 is None and info.check_format is not None and target.kind == "cpu":
+            if problem2 is None and info.check_format is not None:
                 problem2 = info.check_format(name, fmt, options, spec.export.opset)
             if problem2:
                 key, msg = problem2
