@@ -342,12 +342,36 @@ def _write_frontend_standins(out: Path, seed: int) -> None:
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "speech_tokenizer_v2.onnx")
 
 
+# builtin:tiny-snake is builtin:tiny (same config, same seeded weights) with 4 Snake alphas of one HiFT
+# resblock made tiny, as upstream CosyVoice3's HiFT has (4 of 10,752 alphas < 1.6e-5): their reciprocals
+# 1/(alpha + 1e-9) are 6.7e4..2.5e5, beyond FP16's 65504, so an FP16 HiFT built naively clips the audio.
+# One is negative, so that clamping is seen to keep the sign. Channel -> alpha, of the first Snake
+# (``activations1.0``) of the k=7 resblock of the first upsampling stage (16 channels in builtin:tiny).
+TINY_SNAKE_PARAM = "resblocks.1.activations1.0.alpha"
+TINY_SNAKE_ALPHAS = {2: 1.2e-5, 5: -8.0e-6, 9: 4.0e-6, 13: 1.5e-5}
+
+
+@torch.no_grad()
+def _tiny_snake_alphas(hift: nn.Module) -> None:
+    """Set the builtin:tiny-snake alphas (see TINY_SNAKE_ALPHAS)."""
+    alpha = hift.get_parameter(TINY_SNAKE_PARAM)
+    for channel, value in TINY_SNAKE_ALPHAS.items():
+        alpha[channel] = value
+
+
+# Built-in variants: name -> (preset whose config and seeded weights they start from, edit of the HiFT).
+# A variant's cosyvoice2.yaml is its preset's, so it loads exactly like that preset's checkpoints.
+VARIANTS: dict[str, tuple[str, Any]] = {"tiny-snake": ("tiny", _tiny_snake_alphas)}
+
+
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in the real CosyVoice2-0.5B layout (atomically)."""
     name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
-    if name not in PRESETS:
-        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + p for p in PRESETS)})")
-    cfg = PRESETS[name]
+    if name not in PRESETS and name not in VARIANTS:
+        known = ", ".join("builtin:" + p for p in (*PRESETS, *VARIANTS))
+        raise ModelError(f"unknown built-in model '{spec}' (known: {known})")
+    preset, hift_edit = VARIANTS.get(name, (name, None))
+    cfg = PRESETS[preset]
     out_dir = Path(out_dir)
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
@@ -370,6 +394,8 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
                     # PyTorch's default init, as a fresh upstream HiFT has (its normal(0, 0.01) init never
                     # reaches the weight-normed convs): small weights would silence the source path.
                     _voice_f0_predictor(net)
+                    if hift_edit is not None:
+                        hift_edit(net)
             torch.save(net.state_dict(), tmp / f"{stage}.pt")
             del net
         _write_frontend_standins(tmp, seed)

@@ -75,11 +75,12 @@ def exclusion_preflight(model_dir_or_preset: Any, patterns: list[str]) -> None:
     import torch
 
     from cosycompile.models.config import PRESETS, ModelConfig
-    from cosycompile.models.loader import read_model_config
+    from cosycompile.models.loader import VARIANTS, read_model_config
     from cosycompile.models.qwen2lm import Qwen2LM
 
-    cfg = model_dir_or_preset if isinstance(model_dir_or_preset, ModelConfig) else (
-        PRESETS[model_dir_or_preset] if isinstance(model_dir_or_preset, str) else read_model_config(model_dir_or_preset))
+    if isinstance(model_dir_or_preset, str):  # a built-in name; variants share their preset's config
+        model_dir_or_preset = PRESETS[VARIANTS.get(model_dir_or_preset, (model_dir_or_preset,))[0]]
+    cfg = model_dir_or_preset if isinstance(model_dir_or_preset, ModelConfig) else read_model_config(model_dir_or_preset)
     with torch.device("meta"):
         lm = Qwen2LM(cfg.llm, cfg.speech_token_size)
     check_exclusions([n for n, _ in lm.qwen.named_modules()], patterns)
