@@ -1,13 +1,16 @@
 """`make bench`: every benchmark of the project, each measuring its ratios within one run.
 
-Runs bench/quantized_speed.py for the INT8 and INT4 CPU recipes on builtin:random-0.5b and prints
-their tables; copy the figures into docs/BENCHMARKS.md together with the command and the machine.
+Runs bench/quantized_speed.py for the INT8 and INT4 CPU recipes on builtin:random-0.5b (interleaved
+FP32/quantized pairs) and bench/reference_reuse.py (validation time of a second recipe on the same
+model) and prints their tables; copy the figures into docs/BENCHMARKS.md together with the command
+and the machine.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +23,11 @@ def main() -> int:
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
+    # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
+    fresh = REPO / "artifacts" / "bench" / f"reference-reuse-{time.strftime('%Y%m%d-%H%M%S')}"
+    cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
+    print("$", " ".join(cmd), flush=True)
+    rc |= subprocess.call(cmd)
     return rc
 
 

@@ -34,3 +34,13 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> subpro
 def copy_model(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+def until_outputs(stdout: str) -> dict[str, Path]:
+    """The ``  <step>: <dir>`` lines that ``cosycompile build --until`` prints, as a dict."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith("  ") and ": /" in line:
+            name, path = line.strip().split(": ", 1)
+            out[name] = Path(path)
+    return out

@@ -10,7 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from helpers import REPO, run_cli, write_recipe
+from helpers import REPO, run_cli, until_outputs, write_recipe
 
 GPU_RECIPES = {
     # recipe: (LLM quant_algo in the HF and TRT-LLM checkpoints, flow Q/DQ element type)
@@ -28,14 +28,6 @@ def _small(tmp: Path, name: str, extra: dict | None = None) -> Path:
     return write_recipe(tmp / f"{name}.yaml", body, base=False)
 
 
-def _outputs(stdout: str) -> dict[str, Path]:
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("  ") and ": /" in line:
-            name, path = line.strip().split(": ", 1)
-            out[name] = Path(path)
-    return out
-
 
 @pytest.fixture(scope="module")
 def gpu_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
@@ -44,7 +36,7 @@ def gpu_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     for name in GPU_RECIPES:
         res = run_cli("build", str(_small(tmp, name)), "--artifacts", str(tmp / "art"), "--until", "quantize", "-q")
         assert res.returncode == 0, res.stderr[-3000:]
-        out[name] = _outputs(res.stdout)
+        out[name] = until_outputs(res.stdout)
     return out
 
 

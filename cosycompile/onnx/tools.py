@@ -64,3 +64,24 @@ def simplify(src: Path, dst: Path, method: str) -> dict[str, int]:
     onnx.checker.check_model(model)
     save_model(model, dst)
     return {"nodes_before": before, "nodes_after": len(model.graph.node)}
+
+
+def check_node_patterns(onnx_paths: list[Path], patterns: list[str], key: str) -> list[str]:
+    """Every regex must match (``re.search``) a node name of one of the graphs; a bad or dead pattern
+    is a RecipeError naming ``key`` (a recipe never carries a setting that does nothing)."""
+    import re
+
+    import onnx
+
+    from cosycompile.errors import RecipeError
+
+    names = [n.name for p in onnx_paths for n in onnx.load(str(p), load_external_data=False).graph.node]
+    for pat in patterns:
+        try:
+            rx = re.compile(pat)
+        except re.error as exc:
+            raise RecipeError(f"{key}: bad regex '{pat}' ({exc})") from None
+        if not any(rx.search(n) for n in names):
+            files = ", ".join(p.name for p in onnx_paths)
+            raise RecipeError(f"{key}: '{pat}' matches no node of {files} (node names look like: {', '.join(names[:3])}, ...)")
+    return patterns

@@ -19,7 +19,7 @@ from cosycompile.errors import BackendUnavailable, RecipeError
 from cosycompile.recipe.schema import load_recipe
 from cosycompile.recipe.targets import TARGETS
 
-from helpers import REPO, run_cli, write_recipe
+from helpers import REPO, run_cli, until_outputs, write_recipe
 
 HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 HAVE_FP16_QUANTIZER = importlib.util.find_spec("cosycompile.quantize.modelopt_autocast") is not None
@@ -28,15 +28,6 @@ needs_rtx = pytest.mark.skipif(not HAVE_RTX, reason="TensorRT-RTX (tensorrt_rtx,
 
 
 # ------------------------------------------------------------------------------------ real engines
-
-def _outputs(stdout: str) -> dict[str, Path]:
-    """``  <step>: <dir>`` lines that ``build --until`` prints."""
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("  ") and ": /" in line:
-            name, path = line.strip().split(": ", 1)
-            out[name] = Path(path)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +39,7 @@ def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _build(recipe: Path, art: Path) -> dict[str, Path]:
     res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", "engine", "-q")
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
-    return _outputs(res.stdout)
+    return until_outputs(res.stdout)
 
 
 def _assert_engine(engine_dir: Path, precisions: dict[str, str], dims: dict[str, dict[str, list[int]]] | None = None) -> dict:

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from helpers import EVAL_SET, REPO, run_cli, write_recipe
+from helpers import EVAL_SET, REPO, run_cli, until_outputs, write_recipe
 
 CALIB = {"set": str(REPO / "calib_data" / "calib"), "max_items": 2}
 # Tiny Snake alphas of builtin:tiny-snake (models/loader.py TINY_SNAKE_ALPHAS): channel -> alpha.
@@ -26,15 +26,6 @@ SNAKE_LAYER = "/resblocks.1/activations1.0"
 def _recipe(tmp: Path, name: str, stages: dict, model: str = "builtin:tiny") -> Path:
     return write_recipe(tmp / f"{name}.yaml", {"name": name, "model": model, "calibration": CALIB, "stages": stages})
 
-
-def _outputs(stdout: str) -> dict[str, Path]:
-    """``  <step>: <dir>`` lines that ``build --until`` prints."""
-    out = {}
-    for line in stdout.splitlines():
-        if line.startswith("  ") and ": /" in line:
-            step, path = line.strip().split(": ", 1)
-            out[step] = Path(path)
-    return out
 
 
 def _calib_dir(art: Path, graph: str) -> Path:
@@ -65,7 +56,8 @@ def fp16_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     fp32 = run_cli("build", str(recipe), "--artifacts", str(art), "--until", "simplify", "-q")  # all cached
     assert fp32.returncode == 0, fp32.stderr[-2000:]
-    return {"tmp": tmp, "art": art, "recipe": recipe, "res": res, "out": {**_outputs(res.stdout), **_outputs(fp32.stdout)}}
+    out = {**until_outputs(res.stdout), **until_outputs(fp32.stdout)}
+    return {"tmp": tmp, "art": art, "recipe": recipe, "res": res, "out": out}
 
 
 @pytest.mark.slow
@@ -152,7 +144,7 @@ def snake_builds(tmp_path_factory: pytest.TempPathFactory) -> dict:
     res_clamp = run_cli("build", str(clamp), "--artifacts", str(art), "--until", "quantize")
     fp32 = run_cli("build", str(clamp), "--artifacts", str(art), "--until", "simplify", "-q")
     return {"art": art, "refuse": res_refuse, "plan": plan, "clamp": res_clamp,
-            "out": {**_outputs(res_clamp.stdout), **_outputs(fp32.stdout)}}
+            "out": {**until_outputs(res_clamp.stdout), **until_outputs(fp32.stdout)}}
 
 
 @pytest.mark.slow
@@ -215,7 +207,7 @@ def test_tiny_snake_layer_kept_fp32_is_not_refused(snake_builds: dict, tmp_path:
                                             "hift": {"quantize": quantize}}, "builtin:tiny-snake")
     res = run_cli("build", str(keep), "--artifacts", str(snake_builds["art"]), "--until", "quantize")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    info = json.loads((_outputs(res.stdout)["hift.quantize"] / "graphs.json").read_text())["info"]
+    info = json.loads((until_outputs(res.stdout)["hift.quantize"] / "graphs.json").read_text())["info"]
     assert info["fp16_clamped"] == {}
     assert f"{SNAKE_LAYER}/Mul_2" in info["fp16_kept_fp32"]["hift"]
 

@@ -47,18 +47,9 @@ AUTOCAST_LOGGER = "modelopt.onnx.autocast"
 
 def check_keep_fp32(onnx_paths: list[Path], patterns: list[str], stage: str) -> None:
     """Every ``keep_fp32`` regex must match (``re.search``) a node of one of the stage's quantizable graphs."""
-    import onnx
+    from cosycompile.onnx.tools import check_node_patterns
 
-    names = [n.name for p in onnx_paths for n in onnx.load(str(p), load_external_data=False).graph.node]
-    for pat in patterns:
-        try:
-            rx = re.compile(pat)
-        except re.error as exc:
-            raise RecipeError(f"stages.{stage}.quantize.keep_fp32: bad regex '{pat}' ({exc})") from None
-        if not any(rx.search(n) for n in names):
-            files = ", ".join(p.name for p in onnx_paths)
-            raise RecipeError(f"stages.{stage}.quantize.keep_fp32: '{pat}' matches no node of {files} "
-                              f"(node names look like: {', '.join(names[:3])}, ...)")
+    check_node_patterns(onnx_paths, patterns, f"stages.{stage}.quantize.keep_fp32")
 
 
 def _g(x: float) -> str:

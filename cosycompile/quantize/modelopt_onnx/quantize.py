@@ -8,7 +8,6 @@ utterance, batch 2) and the HiFT network. The flow encoder runs once per utteran
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,19 +53,9 @@ def _reader_class() -> type:
 
 def check_exclusions(onnx_path: Path, patterns: list[str], stage: str) -> list[str]:
     """Every exclusion regex must match at least one node name; a dead pattern is a recipe error."""
-    import onnx
+    from cosycompile.onnx.tools import check_node_patterns
 
-    names = [n.name for n in onnx.load(str(onnx_path), load_external_data=False).graph.node]
-    for pat in patterns:
-        try:
-            rx = re.compile(pat)
-        except re.error as exc:
-            raise RecipeError(f"stages.{stage}.quantize.exclude: bad regex '{pat}' ({exc})") from None
-        if not any(rx.search(n) for n in names):
-            sample = ", ".join(names[:3])
-            raise RecipeError(f"stages.{stage}.quantize.exclude: '{pat}' matches no node of {onnx_path.name} "
-                              f"(node names look like: {sample}, ...)")
-    return patterns
+    return check_node_patterns([onnx_path], patterns, f"stages.{stage}.quantize.exclude")
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
