@@ -44,11 +44,14 @@ def run(ctx: StepContext) -> dict[str, Any]:
         ref = {k: z[k] for k in z.files}
 
     rows = []
+    first_out: tuple[np.ndarray, np.ndarray] | None = None
     audio_dir = ctx.out / "audio"
     audio_dir.mkdir()
     for n, (item, (text_ids, prompt)) in enumerate(zip(ctx.progress(items, desc="eval items"), inputs)):
         r_tokens, r_mel, r_wav = ref[f"tokens.{n}"], ref[f"mel.{n}"], ref[f"wav.{n}"]
         b = built.synthesize(text_ids, prompt, sampling, seed=n)
+        if n == 0:
+            first_out = (b.tokens, b.mel)
         same = bool(np.array_equal(r_tokens, b.tokens))
         row: dict[str, Any] = {
             "id": item.id, "lang": item.lang, "tokens_ref": int(len(r_tokens)), "tokens_built": int(len(b.tokens)),
@@ -74,10 +77,10 @@ def run(ctx: StepContext) -> dict[str, Any]:
             _write_wav(audio_dir / f"{item.id}.built.wav", b.wav)
 
     speed: dict[str, Any] = {}
-    if inputs:
+    if inputs and first_out is not None:
         ref_pipe = Pipeline(*(_ref_stage(s, ref_models) for s in ("llm", "flow", "hift"))) if ref_models else None
         cached = json.loads((ctx.inputs["reference"] / "timing.json").read_text())
-        speed = _speed(ref_pipe, cached, built, inputs[0], sampling, v["speed"], ctx)
+        speed = _speed(ref_pipe, cached, built, inputs[0], first_out, sampling, v["speed"], ctx)
         speed["throughput"] = _throughput(built, inputs, sampling, v["speed"]["throughput"])
     speed["peak_rss_mb"] = _peak_rss_mb()
     checks = {s: json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text()) for s in p["stages"]}
@@ -110,12 +113,13 @@ def _ref_stage(stage: str, models: Any) -> Any:
 
 
 def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, first: tuple[np.ndarray, Any],
-           sampling: Sampling, spec: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+           first_out: tuple[np.ndarray, np.ndarray], sampling: Sampling, spec: dict[str, Any],
+           ctx: StepContext) -> dict[str, Any]:
     """Per-stage, end-to-end and first-chunk latency of the build against the reference."""
     from cosycompile.reference.step import workloads
     from cosycompile.validate.speed import paired_ratio, timed
 
-    w = workloads(built, first, sampling)
+    w = workloads(built, first, sampling, *first_out)
     if not len(w["tokens"]):
         return {}
     audio_s = w["mel"].shape[1] * 480 / SAMPLE_RATE
