@@ -140,3 +140,14 @@ def test_engines_that_cannot_run_here_end_built_not_validated(tmp_path: Path) ->
 def test_onnx_int4_on_onnxruntime_cpu_is_refused(tmp_path: Path) -> None:
     msg = _err(tmp_path, BASE + "stages:\n  flow:\n    quantize: {format: int4}\n")
     assert "stages.flow.quantize.format" in msg and "use int8" in msg
+
+
+def test_child_with_another_format_gets_its_own_quantize_block(tmp_path: Path) -> None:
+    """cpu-int8 sets alpha for int8_sq; a child switching the LLM to fp32 must not inherit it, while a
+    block without a format (gpu-base's shared exports) still merges into the child's."""
+    p = tmp_path / "child.yaml"
+    p.write_text(f"extends: {REPO / 'recipes' / 'cpu-int8.yaml'}\nname: child\nstages:\n  llm:\n    quantize: {{format: fp32}}\n")
+    r = load_recipe(p)
+    assert r.typed("llm")["quantize"].format == "fp32" and r.typed("llm")["quantizer"] is None
+    r = load_recipe(REPO / "recipes" / "l20-int8.yaml")
+    assert r.typed("llm")["quantize"].exports == ["hf", "trtllm"] and r.typed("llm")["quantize"].alpha == 0.5

@@ -171,7 +171,25 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> Located:
     if not parent_path.exists():
         raise RecipeError(f"{located.where(('extends',))}: 'extends' names a missing file: {parent_path}")
     base = _load_with_extends(parent_path, seen + (path,))
+    _replace_changed_quantize(base, located)
     return merge(base, located)
+
+
+def _replace_changed_quantize(base: Located, child: Located) -> None:
+    """A child recipe that sets another ``quantize.format`` than its parent gets its own quantize block:
+    the parent's settings belong to the parent's quantizer (``alpha`` means nothing to fp32), so a deep
+    merge would only carry dead keys. A block without ``format`` (e.g. shared ``exports``) still merges."""
+    b_stages, c_stages = base.data.get("stages"), child.data.get("stages")
+    if not isinstance(b_stages, dict) or not isinstance(c_stages, dict):
+        return
+    for name, c_stage in c_stages.items():
+        b_stage = b_stages.get(name)
+        if not (isinstance(b_stage, dict) and isinstance(c_stage, dict)):
+            continue
+        bq, cq = b_stage.get("quantize"), c_stage.get("quantize")
+        if isinstance(bq, dict) and isinstance(cq, dict) and "format" in bq and "format" in cq \
+                and bq["format"] != cq["format"]:
+            del b_stage["quantize"]
 
 
 def _dotted(path: KeyPath) -> str:
