@@ -87,6 +87,13 @@ def choose_quantizer(stage: str, fmt: str, named: str | None) -> QuantizerInfo |
     return f"stage '{stage}' cannot use format '{fmt}' (supported: fp32, {', '.join(known)})"
 
 
+def method_problem(fmt: str, method: str | None, methods: dict[str, tuple[str, ...]]) -> tuple[str, str] | None:
+    """("method", reason) when ``method`` is not one of the calibration methods of ``fmt``, else None."""
+    if method is not None and method not in methods[fmt]:
+        return "method", f"format '{fmt}' cannot use method '{method}' (supported: {', '.join(methods[fmt])})"
+    return None
+
+
 def target_problem(fmt: str, target: Target) -> str | None:
     """A reason ``target`` cannot run ``fmt`` at all, or None."""
     if target.kind == "gpu" and fmt in NEEDS_SM89 and target.sm is not None and target.sm < (8, 9):

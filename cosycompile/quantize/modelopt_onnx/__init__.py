@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cosycompile.quantize import QuantizerInfo
+from cosycompile.quantize import QuantizerInfo, method_problem
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8": ("max", "entropy"),
@@ -37,9 +37,9 @@ class Spec(BaseModel):
 
 def check(spec: Spec, stage: str) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors."""
-    if spec.method is not None and spec.method not in METHODS[spec.format]:
-        return "method", (f"format '{spec.format}' cannot use method '{spec.method}' "
-                          f"(supported: {', '.join(METHODS[spec.format])})")
+    problem = method_problem(spec.format, spec.method, METHODS)
+    if problem:
+        return problem
     if spec.block_size is not None and spec.format != "int4":
         return "block_size", f"'block_size' is the INT4 block size; format '{spec.format}' does not read it"
     return None

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cosycompile.quantize import QuantizerInfo
+from cosycompile.quantize import QuantizerInfo, method_problem
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8_sq": ("max",),
@@ -42,9 +42,9 @@ class Spec(BaseModel):
 
 def check(spec: Spec, stage: str) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors, so a recipe never carries a dead setting."""
-    if spec.method is not None and spec.method not in METHODS[spec.format]:
-        return "method", (f"format '{spec.format}' cannot use method '{spec.method}' "
-                          f"(supported: {', '.join(METHODS[spec.format])})")
+    problem = method_problem(spec.format, spec.method, METHODS)
+    if problem:
+        return problem
     if spec.method == "autoawq":
         from importlib.util import find_spec
 
