@@ -10,10 +10,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from cosycompile import __version__
 from cosycompile.errors import UserError
+
+EXIT_SPLIT = 3  # a split build: every step this machine can run is cached, the rest is listed
 
 EPILOG = """\
 examples:
@@ -25,7 +27,9 @@ examples:
   cosycompile unpack bundle.tar.gz DIR             unpack it on another machine (all or nothing)
   cosycompile synthesize DIR --text "Hello." --out hello.wav   text -> wav with the bundle alone
 
-exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths)
+exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths),
+  3 built in part: the steps this machine cannot run (e.g. a GPU engine builder that is not installed)
+  are listed with the command that finishes them elsewhere
 """
 
 
@@ -61,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Work out every step's content key and compare with the cache. No work is done.")
     p.add_argument("recipe", type=Path, help="recipe YAML file")
     p.add_argument("--force", action="store_true", help="plan as if --force were given to build")
+    p.add_argument("--todo", action="store_true",
+                   help="list only the steps that would run (after a split build: the ones left)")
     _add_common(p)
 
     p = sub.add_parser("init-model", help="write a built-in model as a CosyVoice2 checkpoint dir",
@@ -211,14 +217,20 @@ def _build_or_plan(args: argparse.Namespace) -> int:
         items = ex.plan()
         w = max(len(i.step.name) for i in items)
         todo = sum(not i.cached for i in items)
-        print(f"recipe {recipe.name} ({recipe.source}): {len(items)} steps, {todo} to run")
+        n_left = sum(i.left for i in items)
+        here = f" ({n_left} of them not on this machine)" if n_left else ""
+        print(f"recipe {recipe.name} ({recipe.source}): {len(items)} steps, {todo} to run{here}")
         for i in items:
-            state = "cached" if i.cached else "RUN   "
+            if i.cached and args.todo:
+                continue
+            state = "cached" if i.cached else "LEFT  " if i.left else "RUN   "
             why = "" if i.cached else f"  because: {i.reason}"
             print(f"  {state} {i.step.name:<{w}}  {i.key[:12]}  {i.step.describe}{why}")
         print(f"bundle: {bundle_dir(plan, store)}")
         return 0
     result = ex.run()
+    if result.left:
+        return _split_build(args, recipe.name, result, time.perf_counter() - t0)
     if until is not None:
         ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
         print(f"built {recipe.name} until '{until}' in {time.perf_counter() - t0:.1f}s; ran: {ran}")
@@ -241,6 +253,20 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     th = g.thresholds()
     return _apply_gate(bundle, baseline, th["min"], th["max"], g.max_quality_drop, g.max_slowdown,
                        args.allow_unvalidated)
+
+
+def _split_build(args: argparse.Namespace, name: str, result: Any, seconds: float) -> int:
+    """Exit 3: what this machine could build is cached; say which steps are left and how to finish them."""
+    ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
+    print(f"built {name} in part in {seconds:.1f}s; ran: {ran}")
+    print(f"{len(result.left)} steps left for a machine that can run them:")
+    for step, why in result.left.items():
+        print(f"  {step}: {why}")
+    until = f" --until {args.until}" if getattr(args, "until", None) else ""
+    print(f"finish with: cosycompile build {args.recipe}{until} --artifacts {args.artifacts}\n"
+          f"  on a machine that has what is named above, with this artifacts dir (or a copy of its cache/); "
+          f"`cosycompile plan {args.recipe} --todo` lists them")
+    return EXIT_SPLIT
 
 
 def _validate(args: argparse.Namespace) -> int:

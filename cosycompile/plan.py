@@ -259,7 +259,8 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
         code=(info.package, info.ref("build").split(":")[0]), params={"backend": info.name, "precision": fmt}, spec=options,
         deps={"graphs": graphs}, tools=info.tools, target=target,
         describe=f"build the {stage} {fmt} engine with {info.name}",
-        preflight=_unavailable_preflight(stage, info, TARGETS[target]) if info.unavailable or info.build_problem else None,
+        preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
+        blocked=_build_blocker(info, TARGETS[target]) if info.build_problem else None,
     )
 
 
@@ -305,16 +306,25 @@ def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
     return check
 
 
-def _unavailable_preflight(stage: str, info: Any, target: Any) -> Callable[[], None]:
-    """Refuse, before any step runs, an engine this version or this machine cannot build."""
+def _unavailable_preflight(stage: str, info: Any) -> Callable[[], None]:
+    """Refuse, before any step runs, an engine no machine can build with this version."""
 
     def check() -> None:
-        why = info.unavailable or (info.build_problem(target) if info.build_problem else None)
-        if why:
-            raise BackendUnavailable(f"stage '{stage}': backend '{info.name}' cannot build here: {why}; "
-                                     f"build everything before the engine with --until quantize")
+        raise BackendUnavailable(f"stage '{stage}': backend '{info.name}' cannot build: {info.unavailable}; "
+                                 f"build everything before the engine with --until quantize")
 
     return check
+
+
+def _build_blocker(info: Any, target: Any) -> Callable[[], str | None]:
+    """Why this machine cannot build the engine (its builder is missing): the build then runs every
+    other step and leaves this one to a machine that has it."""
+
+    def why() -> str | None:
+        problem = info.build_problem(target)
+        return f"backend '{info.name}': {problem}" if problem else None
+
+    return why
 
 
 def _exclusion_preflight(qinfo: Any, source: Any, patterns: list[str]) -> Callable[[], None]:

@@ -70,6 +70,9 @@ class Step:
     target: str | None = None
     describe: str = ""
     preflight: Callable[[], None] | None = None  # cheap input check run before any step executes
+    # Why this machine cannot run the step (its tool is not installed here), or None. A blocked step
+    # does not fail the build: every step that does not need it still runs (a split build).
+    blocked: Callable[[], str | None] | None = None
 
     _key: str | None = field(default=None, repr=False)
     _components: dict[str, Any] | None = field(default=None, repr=False)
@@ -163,6 +166,7 @@ class PlanItem:
     key: str
     cached: bool
     reason: str
+    left: bool = False  # would not run here: blocked on this machine or downstream of a blocked step
 
 
 @dataclass
@@ -171,6 +175,7 @@ class BuildResult:
     cached: list[str]
     entries: dict[str, Entry]
     seconds: dict[str, float]
+    left: dict[str, str] = field(default_factory=dict)  # steps this machine could not run -> why
 
 
 class Reporter:
@@ -275,8 +280,28 @@ class Executor:
             else:
                 reason = "--force" if self.force else self.state.reason(s, s.components(self.store))
                 items.append(PlanItem(s, key, False, reason))
+        left = self._left({i.step.name for i in items if not i.cached})
+        for i in items:
+            if i.step.name in left:
+                i.reason, i.left = f"{i.reason}; {left[i.step.name]}", True
         self.store.stat_cache.save()
         return items
+
+    def _left(self, missing: set[str]) -> dict[str, str]:
+        """Steps among ``missing`` (no cache entry) that this machine cannot run: the blocked ones and
+        everything downstream of them, each with the reason."""
+        left: dict[str, str] = {}
+        for s in self.steps:  # topological order: a dependency is decided before its dependents
+            if s.name not in missing:
+                continue
+            why = s.blocked() if s.blocked else None
+            if why:
+                left[s.name] = f"cannot run on this machine: {why}"
+                continue
+            upstream = sorted(d.name for d in s.deps.values() if d.name in left)
+            if upstream:
+                left[s.name] = f"waits for {', '.join(upstream)}"
+        return left
 
     def run(self) -> BuildResult:
         """Run every step whose entry is missing; reuse verified entries for the rest."""
@@ -285,9 +310,11 @@ class Executor:
         cached: list[str] = []
         entries: dict[str, Entry] = {}
         seconds: dict[str, float] = {}
+        missing = {s.name for s in self.steps if self.force or self.store.lookup(s.key(self.store)) is None}
+        left = self._left(missing)
         # Bad inputs of steps that will run fail here, before any work and before any entry is written.
         for s in self.steps:
-            if s.preflight and (self.force or self.store.lookup(s.key(self.store)) is None):
+            if s.preflight and s.name in missing and s.name not in left:
                 s.preflight()
         n = len(self.steps)
         w = max(len(s.name) for s in self.steps)
@@ -295,6 +322,9 @@ class Executor:
             key = s.key(self.store)
             comps = s.components(self.store)
             tag = f"[{i:>2}/{n}] {s.name:<{w}}"
+            if s.name in left:
+                self.reporter.line(f"{tag}  left     ({left[s.name]})")
+                continue
             entry = None if self.force else self.store.lookup(key)
             if entry is not None:
                 cached.append(s.name)
@@ -337,4 +367,4 @@ class Executor:
             self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s")
         self.state.save()
         self.store.stat_cache.save()
-        return BuildResult(ran, cached, entries, seconds)
+        return BuildResult(ran, cached, entries, seconds, left)
