@@ -173,7 +173,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             name=f"{name}.check", kind=f"{name}.check", run=lazy(sinfo.ref("check")),
             code=(binfo.package, binfo.ref("load").split(":")[0]),
             params={"threads": threads, "sampling": sampling, "max_items": v.max_items, "backend": binfo.name,
-                    "precision": qspec.format, "pairs": v.speed.runs},
+                    "precision": qspec.format, "pairs": v.speed.runs, "warmup": v.speed.warmup},
             spec=typed["check"], deps={"engine": engine, "reference": reference},
             tools=TORCH_TOOLS + binfo.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",

@@ -45,7 +45,6 @@ def test_first_build_passes_and_writes_bundle(built: dict) -> None:
     assert report["speed"]["end_to_end"]["reference_s"] > 0
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["target"] == "cpu" and set(manifest["stages"]) == {"llm", "flow", "hift"}
-    assert built["seconds"] < 180
 
 
 def test_noop_rebuild_runs_nothing_and_skips_torch(built: dict, tmp_path: Path) -> None:
@@ -112,3 +111,23 @@ def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, 
     steps = [json.loads(p.read_text())["step"] for p in (built["art"] / "cache" / "objects").glob("*/*/entry.json")]
     assert steps.count("reference") == 1
     assert steps.count("pipeline.check") >= 2
+
+
+def test_cached_speed_without_warmup_counts_the_eval_synthesis(built: dict, tmp_path: Path) -> None:
+    """reference: cached, warmup 0: the first eval item's synthesis is the first timed run of the
+    stage and end-to-end workloads (split by stage), the other runs are whole syntheses too."""
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "cpu-fp32-cached",
+        "validation": {"speed": {"reference": "cached", "warmup": 0, "runs": 2, "throughput": []}}}, base=False)
+    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]), "-q")
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    (bundle,) = list((built["art"] / "builds").glob("cpu-fp32-cached-*"))
+    speed = json.loads((bundle / "report.json").read_text())["speed"]
+    parts = [speed[s]["built_s"] for s in ("llm", "flow", "hift")]
+    for name in ("llm", "flow", "hift", "end_to_end"):
+        assert speed[name]["from_eval_synthesis"] and speed[name]["reference_cached"], speed[name]
+        assert speed[name]["reference_s"] > 0 and speed[name]["built_s"] > 0
+    # Medians of the same two runs: the parts of one synthesis never add up to more than its total
+    # by more than the larger run's share.
+    assert sum(parts) <= 2 * speed["end_to_end"]["built_s"]
+    assert "from_eval_synthesis" not in speed["first_chunk"] and speed["first_chunk"]["built_s"] > 0

@@ -169,11 +169,25 @@ def verify_files(engine_dir: Path, passport: dict[str, Any]) -> None:
                                      f"rebuild with: {hint} (or copy the bundle again)")
 
 
-def stage_runtime(stage: str, engine_dir: Path, threads: int) -> Any:
-    """The runtime object of one stage over its built engine."""
+# The engine each stage last loaded with ``share=True`` in this process. A build's stage check and
+# its pipeline check read the same (immutable, content-addressed) engine dir one after the other,
+# and loading the sessions of a 0.5B LLM costs seconds; one slot per stage bounds the memory held.
+_SHARED: dict[str, tuple[tuple[str, int, int], Any]] = {}
+
+
+def stage_runtime(stage: str, engine_dir: Path, threads: int, share: bool = False) -> Any:
+    """The runtime object of one stage over its built engine; with ``share``, the one this process
+    already loaded from the same dir with the same threads is reused."""
     from cosycompile.core.plugins import load_object
     from cosycompile.stages import get_stage
 
+    passport = engine_dir / PASSPORT
+    ident = (str(engine_dir.resolve()), threads, passport.stat().st_mtime_ns) if share and passport.is_file() else None
+    if ident is not None and stage in _SHARED and _SHARED[stage][0] == ident:
+        return _SHARED[stage][1]
     runners = load_runners(engine_dir, threads)
     gd = read_graphs_dir(engine_dir)
-    return load_object(get_stage(stage).runtime).from_runners(runners, load_assets(engine_dir), gd.info)
+    runtime = load_object(get_stage(stage).runtime).from_runners(runners, load_assets(engine_dir), gd.info)
+    if ident is not None:
+        _SHARED[stage] = (ident, runtime)
+    return runtime

@@ -74,10 +74,11 @@ def reference_arrays(ctx: StepContext, stage: str) -> dict[str, np.ndarray]:
 
 
 def engine_runtime(ctx: StepContext, stage: str, which: str = "engine") -> Any:
-    """The stage runtime over the engine dir of input ``which``."""
+    """The stage runtime over the engine dir of input ``which`` (the build's own engine is shared
+    with the pipeline check that follows; the FP32 comparison engine is not kept)."""
     from cosycompile.runtime.loading import stage_runtime
 
-    return stage_runtime(stage, ctx.inputs[which], ctx.params["threads"])
+    return stage_runtime(stage, ctx.inputs[which], ctx.params["threads"], share=which == "engine")
 
 
 def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> dict[str, float]:
@@ -88,6 +89,7 @@ def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> d
     from cosycompile.validate.speed import paired_ratio
 
     fp32 = engine_runtime(ctx, stage, "fp32_engine")
-    r = paired_ratio(lambda: workload(fp32), lambda: workload(engine), pairs=ctx.params.get("pairs", 5))
+    r = paired_ratio(lambda: workload(fp32), lambda: workload(engine), pairs=ctx.params.get("pairs", 5),
+                     warmup=ctx.params.get("warmup", 1))
     return {"fp32_engine_ms": 1000 * r.reference_s, "engine_ms": 1000 * r.candidate_s, "speedup_vs_fp32": r.ratio,
             "speedup_spread": r.spread, "speed_pairs": r.pairs}
