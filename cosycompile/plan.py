@@ -122,7 +122,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     )
     model.attach(reference, all_model_files)
     reference.files["eval"] = (eval_set.root, eval_files)
-    reference.preflight = _audio_preflight(eval_files)
+    reference.preflight = _audio_preflight(eval_files, model.root)
 
     calibrate = _calibrate_step(recipe, model, all_model_files)
     stage_steps: dict[str, dict[str, Step]] = {}
@@ -207,7 +207,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     )
     model.attach(final, all_model_files)
     final.files["eval"] = (eval_set.root, eval_files)
-    final.preflight = _audio_preflight(eval_files)
+    final.preflight = _audio_preflight(eval_files, None)
     targets = [final] if until is None else _until(stage_steps, until)
     return BuildPlan(recipe, targets, final, stage_steps, {})
 
@@ -284,15 +284,22 @@ def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, .
     )
     model.attach(step, model_files)
     step.files["calib"] = (calib_set.root, files)
-    step.preflight = _audio_preflight(files)
+    step.preflight = _audio_preflight(files, model.root)
     return step
 
 
-def _audio_preflight(files: list[Path]) -> Callable[[], None]:
+def _audio_preflight(files: list[Path], model_root: Path | None) -> Callable[[], None]:
+    """The prompts' audio headers and, for a model dir on disk, the front end's ONNX models: what
+    the steps running the front end read, checked before any step runs."""
+
     def check() -> None:
         from cosycompile.runtime.dataset import check_audio
 
         check_audio(files)
+        if model_root is not None:
+            from cosycompile.models.layout import check_frontend_models
+
+            check_frontend_models(model_root)
 
     return check
 

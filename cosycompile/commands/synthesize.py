@@ -23,73 +23,15 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cosycompile.commands._bundle import MANIFEST, read_manifest
 from cosycompile.errors import UserError
+from cosycompile.runtime.text import DEFAULT_MAX_CHARS, split_text, text_weight  # noqa: F401 - re-exported
 
 STAGES = ("llm", "flow", "hift")
 FRONTEND_DIR = "frontend"  # fixed, never read from the manifest: an archive's manifest is not trusted with paths
 SAMPLE_RATE = 24000
-DEFAULT_MAX_CHARS = 80
-
-# A sentence ends at 。！？ (a run of them) or at . ! ? followed by a space or the end of the text, so
-# that "3.14" and "e.g.x" stay whole; closing quotes and brackets after the mark stay with the sentence.
-_SENTENCE_END = re.compile(r"(?:[。！？]+|[.!?]+(?=\s|$))[\"'”’」』)）\]]*")
-_SOFT_BREAK = re.compile(r"[,;:，；：、]\s*|\s+")
-
-
-def text_weight(text: str) -> int:
-    """Length in English-character equivalents: a CJK character takes about as long to say as 3 Latin ones."""
-    return sum(3 if ord(c) >= 0x2E80 else 1 for c in text)
-
-
-def split_text(text: str, max_chars: int = DEFAULT_MAX_CHARS) -> list[str]:
-    """Pieces of ``text`` to synthesize one at a time: sentences, long ones cut at soft breaks.
-
-    Whitespace runs become one space (line breaks of a text file are not pauses). Consecutive
-    short sentences are joined while they fit in ``max_chars`` (:func:`text_weight`), so a piece
-    keeps the prosody of its sentences; a sentence longer than that is cut after the last comma,
-    semicolon, colon or space that fits, or hard at the limit when there is none.
-    """
-    text = " ".join(text.split())
-    sentences, start = [], 0
-    for m in _SENTENCE_END.finditer(text):
-        sentences.append(text[start:m.end()].strip())
-        start = m.end()
-    sentences.append(text[start:].strip())
-    pieces: list[str] = []
-    for sentence in filter(None, sentences):
-        for part in _cut(sentence, max_chars):
-            if pieces and text_weight(pieces[-1]) + 1 + text_weight(part) <= max_chars:
-                pieces[-1] = f"{pieces[-1]} {part}" if _spaced(pieces[-1], part) else pieces[-1] + part
-            else:
-                pieces.append(part)
-    return pieces
-
-
-def _spaced(left: str, right: str) -> bool:
-    """Whether two joined pieces need a space between them (not between two CJK characters)."""
-    return not (ord(left[-1]) >= 0x2E80 and ord(right[0]) >= 0x2E80)
-
-
-def _cut(sentence: str, max_chars: int) -> list[str]:
-    """``sentence`` in parts of at most ``max_chars`` (weighted), cut at soft breaks where possible."""
-    out = []
-    while text_weight(sentence) > max_chars:
-        # Longest prefix within the limit, then back to its last soft break (keeping the punctuation).
-        end, weight = 0, 0
-        while end < len(sentence) and weight + text_weight(sentence[end]) <= max_chars:
-            weight += text_weight(sentence[end])
-            end += 1
-        breaks = [m.end() for m in _SOFT_BREAK.finditer(sentence, 0, end) if m.end() > 0]
-        cut = breaks[-1] if breaks and breaks[-1] > end // 3 else max(end, 1)
-        out.append(sentence[:cut].strip())
-        sentence = sentence[cut:].strip()
-    if sentence:
-        out.append(sentence)
-    return [p for p in out if p]
-
 
 def _read_text(args: argparse.Namespace) -> str:
     if args.text_file is not None:
@@ -144,19 +86,67 @@ def _verify_frontend(bundle: Path, manifest: dict[str, Any]) -> None:
                                 f"{manifest.get('recipe_source') or '<recipe>'}")
 
 
-def _sampling(recipe: dict[str, Any], args: argparse.Namespace) -> Any:
+def recipe_sampling(recipe: dict[str, Any], mode: str | None = None, seed: int | None = None,
+                    max_tokens: int | None = None) -> Any:
+    """The recipe's ``validation.sampling`` as a :class:`~cosycompile.runtime.sampling.Sampling`, with overrides.
+
+    ``max_tokens=0`` means no cap; ``None`` keeps the recipe's value (as for ``mode`` and ``seed``).
+    """
     from cosycompile.runtime.sampling import Sampling
 
     fields = {f.name for f in dataclasses.fields(Sampling)}
     spec = {k: v for k, v in recipe.get("validation", {}).get("sampling", {}).items() if k in fields}
     sampling = Sampling(**spec)
-    if args.sampling is not None:
-        sampling = dataclasses.replace(sampling, mode=args.sampling)
-    if args.seed is not None:
-        sampling = dataclasses.replace(sampling, seed=args.seed)
-    if args.max_tokens is not None:
-        sampling = dataclasses.replace(sampling, max_tokens=args.max_tokens or None)
+    if mode is not None:
+        sampling = dataclasses.replace(sampling, mode=mode)
+    if seed is not None:
+        sampling = dataclasses.replace(sampling, seed=seed)
+    if max_tokens is not None:
+        sampling = dataclasses.replace(sampling, max_tokens=max_tokens or None)
     return sampling
+
+
+@dataclasses.dataclass
+class LoadedBundle:
+    """A bundle opened for synthesis: what ``synthesize`` and the Triton models run."""
+
+    path: Path
+    manifest: dict[str, Any]
+    recipe: dict[str, Any]
+    frontend: Any  # cosycompile.runtime.frontend.Frontend
+    pipeline: Any  # cosycompile.runtime.pipeline.Pipeline
+    threads: int
+
+
+def recipe_threads(recipe: dict[str, Any]) -> int:
+    """The intra-op threads the recipe validated its engines with (``validation.speed.threads``)."""
+    return int(recipe.get("validation", {}).get("speed", {}).get("threads", 2))
+
+
+def load_bundle(bundle: Path, threads: int | None = None) -> LoadedBundle:
+    """Check ``bundle`` (layout, front-end digests) and load its front end and engines (no torch).
+
+    Engines are checked by their passports as they load. Bad input is a one-line UserError.
+    """
+    manifest, recipe = _bundle_parts(bundle)
+    threads = threads or recipe_threads(recipe)
+    _verify_frontend(bundle, manifest)
+
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.pipeline import Pipeline
+
+    # One front-end thread, as the build's checks use: the prompt features are then the build's bit for bit.
+    frontend = Frontend(bundle / FRONTEND_DIR, threads=1)
+    pipeline = Pipeline(*(stage_runtime(s, bundle / "engines" / s, threads) for s in STAGES))
+    return LoadedBundle(bundle, manifest, recipe, frontend, pipeline, threads)
+
+
+def synthesize_pieces(pipeline: Any, ids: list[Any], prompt: Any, sampling: Any) -> Iterator[Any]:
+    """The wav (float32, 24 kHz) of each piece's text ids in turn; piece ``k`` uses seed ``sampling.seed + k``."""
+    for k, text_ids in enumerate(ids):
+        seed = sampling.seed + k
+        yield pipeline.synthesize(text_ids, prompt, dataclasses.replace(sampling, seed=seed), seed=seed).wav
 
 
 def run(args: argparse.Namespace) -> int:
@@ -179,21 +169,16 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise UserError(f"{out}: is a folder; give the wav file's name")
     bundle: Path = args.bundle
-    manifest, recipe = _bundle_parts(bundle)
+    _bundle_parts(bundle)  # layout errors before the text is split or the engines load
     pieces = split_text(text, args.max_chars)
-    sampling = _sampling(recipe, args)
-    threads = args.threads or int(recipe.get("validation", {}).get("speed", {}).get("threads", 2))
-    _verify_frontend(bundle, manifest)
 
     from cosycompile.runtime.dataset import read_wav
-    from cosycompile.runtime.frontend import Frontend
-    from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.runtime.pipeline import Pipeline, Prompt
+    from cosycompile.runtime.pipeline import Prompt
 
     prompt_wav = read_wav(args.prompt_wav) if args.prompt_wav is not None else None
-    # One front-end thread, as the build's checks use: the prompt features are then the build's bit for bit.
-    frontend = Frontend(bundle / FRONTEND_DIR, threads=1)
-    pipeline = Pipeline(*(stage_runtime(s, bundle / "engines" / s, threads) for s in STAGES))
+    loaded = load_bundle(bundle, args.threads)
+    sampling = recipe_sampling(loaded.recipe, args.sampling, args.seed, args.max_tokens)
+    frontend = loaded.frontend
     if prompt_wav is not None:
         prompt = frontend.prompt(prompt_wav[0], prompt_wav[1], args.prompt_text or "")
     else:
@@ -202,14 +187,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    wavs = []
     t1 = time.perf_counter()
-    bar = tqdm(list(zip(pieces, ids)), desc="synthesizing", unit="piece", file=sys.stderr,
-               disable=not sys.stderr.isatty())
-    for k, (piece, text_ids) in enumerate(bar):
-        s = pipeline.synthesize(text_ids, prompt, dataclasses.replace(sampling, seed=sampling.seed + k),
-                                seed=sampling.seed + k)
-        wavs.append(s.wav)
+    wavs = list(tqdm(synthesize_pieces(loaded.pipeline, ids, prompt, sampling), total=len(ids), desc="synthesizing",
+                     unit="piece", file=sys.stderr, disable=not sys.stderr.isatty()))
     wav = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)
     synth_s = time.perf_counter() - t1
     _write_wav(out, wav)

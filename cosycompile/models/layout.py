@@ -110,6 +110,21 @@ def _check_merges(path: Path) -> None:
         raise ModelError(f"{path}: has no merges ({_TOKENIZER})")
 
 
+def check_frontend_models(root: Path) -> None:
+    """Parse the front end's ONNX models (structure only, no session): a truncated or foreign file
+    is a :class:`ModelError` naming it. Run by the preflight of the steps that use the front end,
+    not at planning time, since it imports onnx."""
+    import onnx
+
+    for name, why in FRONTEND_MODELS.items():
+        path = Path(root) / name
+        try:
+            onnx.checker.check_model(onnx.load(str(path), load_external_data=False))
+        except Exception as exc:  # onnx raises DecodeError, ValidationError, OSError, ...
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"{path}: not a valid ONNX model ({first[:200]}) ({why})") from None
+
+
 def _need_file(path: Path, why: str) -> None:
     if not path.exists():
         raise ModelError(f"{path}: missing ({why})")
@@ -124,8 +139,13 @@ def _need_file(path: Path, why: str) -> None:
         raise ModelError(f"{path}: empty file ({why})")
 
 
+MAX_JSON_BYTES = 64 << 20  # Qwen's tokenizer.json is 7 MB; a config is kB
+
+
 def _need_json(path: Path, why: str) -> dict[str, Any]:
     _need_file(path, why)
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ModelError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit ({why})")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:

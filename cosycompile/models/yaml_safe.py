@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from cosycompile.core import yaml_limits
 from cosycompile.errors import ModelError
 from cosycompile.models.config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
 
@@ -125,8 +126,14 @@ def _resolve(node: Any, root: dict[str, Any], depth: int = 0) -> Any:
 
 
 def load_inert_yaml(text: str) -> Any:
-    """Parse hyperpyyaml text into plain data with :class:`Tagged` / :class:`Ref` nodes (refs unresolved)."""
-    return yaml.load(text, Loader=_InertLoader)  # noqa: S506 - SafeLoader subclass whose tags build only data
+    """Parse hyperpyyaml text into plain data with :class:`Tagged` / :class:`Ref` nodes (refs
+    unresolved); a document over the size, nesting or alias-expansion bounds is a YAMLLimitError."""
+    loader = _InertLoader(text)
+    try:
+        node = yaml_limits.compose(loader)
+        return None if node is None else loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def read_cosyvoice_yaml(path: Path) -> dict[str, Any]:
@@ -137,13 +144,15 @@ def read_cosyvoice_yaml(path: Path) -> dict[str, Any]:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = yaml_limits.read_text(path)
     except FileNotFoundError:
         raise ModelError(f"{path}: model config not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: cannot read model config ({exc.__class__.__name__})") from None
+    except (OSError, UnicodeDecodeError, yaml_limits.YAMLLimitError) as exc:
+        raise ModelError(f"{path}: cannot read model config ({exc.__class__.__name__}: {exc})") from None
     try:
         data = load_inert_yaml(text)
+    except yaml_limits.YAMLLimitError as exc:
+        raise ModelError(f"{path}: not a model config: {exc}") from None
     except yaml.YAMLError as exc:
         raise ModelError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from cosycompile.core import yaml_limits
 from cosycompile.errors import RecipeError
 
 KeyPath = tuple[str | int, ...]
@@ -37,8 +38,16 @@ class _StrictLoader(yaml.SafeLoader):
     """Safe loader that rejects duplicate keys (a silent override is a classic recipe bug)."""
 
 
+# Plain YAML data only: any explicit tag (``!foo``, ``!!python/object/apply:...``) is refused, on
+# collections as well as scalars, rather than silently read as the untagged value.
+_PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null")}
+
+
 def _construct(node: yaml.Node, path: KeyPath, src: str, lines: dict[KeyPath, tuple[str, int]]) -> Any:
     lines.setdefault(path, (src, node.start_mark.line + 1))
+    if node.tag not in _PLAIN_TAGS:
+        raise RecipeError(f"{src}:{node.start_mark.line + 1}: {_dotted(path)}: YAML tag '{node.tag}' is not "
+                          "allowed in recipes (plain mappings, lists, strings and numbers only)")
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -52,8 +61,6 @@ def _construct(node: yaml.Node, path: KeyPath, src: str, lines: dict[KeyPath, tu
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), src, lines) for i, item in enumerate(node.value)]
-    if node.tag and node.tag.startswith("!"):
-        raise RecipeError(f"{src}:{node.start_mark.line + 1}: YAML tag '{node.tag}' is not allowed in recipes")
     return _StrictLoader("").construct_object(node, deep=True)
 
 
@@ -65,19 +72,28 @@ def load_located(path: Path) -> Located:
     """Parse one YAML file into :class:`Located`; any syntax problem is a one-line RecipeError."""
     src = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = yaml_limits.read_text(path)
     except FileNotFoundError:
         raise RecipeError(f"{src}: recipe file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except yaml_limits.YAMLLimitError as exc:
+        raise RecipeError(f"{src}: not a recipe: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise RecipeError(f"{src}: not UTF-8 text (byte {exc.start}); a recipe is a UTF-8 YAML file") from None
+    except OSError as exc:
         raise RecipeError(f"{src}: cannot read recipe ({exc.__class__.__name__}: {exc})") from None
+    loader = _StrictLoader(text)
     try:
-        node = yaml.compose(text, Loader=_StrictLoader)
+        node = yaml_limits.compose(loader)
+    except yaml_limits.YAMLLimitError as exc:
+        raise RecipeError(f"{src}: not a recipe: {exc}") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 0
         raise RecipeError(f"{src}:{line}: malformed YAML: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise RecipeError(f"{src}: malformed YAML: {exc}") from None
+    finally:
+        loader.dispose()
     lines: dict[KeyPath, tuple[str, int]] = {}
     if node is None:
         return Located({}, {(): (src, 1)})

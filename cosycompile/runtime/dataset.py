@@ -8,6 +8,8 @@ planner can hash the set's files; audio is decoded only when a step runs.
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +19,20 @@ if TYPE_CHECKING:  # numpy is imported where arrays are made: planning a cached 
     import numpy as np
 
 from cosycompile.errors import DataError
+from cosycompile.runtime.text import split_text, text_weight
 
 MANIFEST = "manifest.jsonl"
 _REQUIRED = ("id", "text")
+_OPTIONAL = ("lang", "prompt_text", "prompt_wav")
+MAX_MANIFEST_BYTES = 16 << 20
+# Ids name files (``audio/<id>.built.wav``): no separators, no leading dot.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# A text longer than this (English-character equivalents) is synthesized as several items, split
+# at sentence ends, as CosyVoice's front end does: one LLM sequence stays bounded in length and
+# memory whatever a manifest holds. Every text of the shipped sets is shorter.
+MAX_ITEM_WEIGHT = 400
+PIECE_WEIGHT = 300
+MAX_PROMPT_SECONDS = 30.0  # CosyVoice's speech tokenizer takes prompts of up to 30 s
 
 
 @dataclass(frozen=True)
@@ -54,29 +67,79 @@ def load_dataset(root: Path, what: str = "eval set") -> DataSet:
         raise DataError(f"{root}: {what} folder not found")
     if not manifest.is_file():
         raise DataError(f"{manifest}: {what} has no {MANIFEST}")
+    if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+        raise DataError(f"{manifest}: {manifest.stat().st_size:,} bytes, over the {MAX_MANIFEST_BYTES:,}-byte "
+                        f"limit for a {what} manifest")
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{manifest}: not UTF-8 text (byte {exc.start})") from None
     items: list[Item] = []
     seen: set[str] = set()
-    for n, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+    real_root = root.resolve()
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError as exc:
-            raise DataError(f"{manifest}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(row, dict) or any(not isinstance(row.get(k), str) or not row.get(k) for k in _REQUIRED):
-            raise DataError(f"{manifest}:{n}: each line needs non-empty string fields {', '.join(_REQUIRED)}")
-        if row["id"] in seen:
-            raise DataError(f"{manifest}:{n}: duplicate id '{row['id']}'")
-        seen.add(row["id"])
-        wav = None
-        if row.get("prompt_wav"):
-            wav = (root / row["prompt_wav"]).resolve()
-            if not wav.is_file():
-                raise DataError(f"{manifest}:{n}: prompt_wav '{row['prompt_wav']}' not found")
-        items.append(Item(row["id"], row["text"], row.get("lang", ""), row.get("prompt_text", ""), wav))
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{manifest}:{n}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')})") from None
+        items.extend(_items(row, f"{manifest}:{n}", real_root, seen))
     if not items:
         raise DataError(f"{manifest}: {what} is empty")
     return DataSet(root.resolve(), tuple(items))
+
+
+def _items(row: object, where: str, root: Path, seen: set[str]) -> list[Item]:
+    """The item(s) of one manifest line, every field checked; a long text becomes several items."""
+    if not isinstance(row, dict) or any(not isinstance(row.get(k), str) or not row.get(k) for k in _REQUIRED):
+        raise DataError(f"{where}: each line needs non-empty string fields {', '.join(_REQUIRED)}")
+    for key in _OPTIONAL:
+        if key in row and not isinstance(row[key], str):
+            raise DataError(f"{where}: '{key}' must be a string, not {type(row[key]).__name__}")
+    item_id, text = row["id"], row["text"]
+    if not _ID.match(item_id):
+        raise DataError(f"{where}: id '{item_id[:40]}' must be 1-128 letters, digits, '.', '_' or '-' "
+                        "(it names files), starting with a letter or digit")
+    if item_id in seen:
+        raise DataError(f"{where}: duplicate id '{item_id}'")
+    seen.add(item_id)
+    if not speakable(text):
+        raise DataError(f"{where}: text {text[:20]!r} has nothing to speak (no letters or digits)")
+    wav = _prompt_path(row.get("prompt_wav") or "", where, root)
+    lang, prompt_text = row.get("lang", ""), row.get("prompt_text", "")
+    if text_weight(text) <= MAX_ITEM_WEIGHT:
+        return [Item(item_id, text, lang, prompt_text, wav)]
+    pieces = [p for p in split_text(text, PIECE_WEIGHT) if speakable(p)]
+    out = []
+    for k, piece in enumerate(pieces, 1):
+        pid = f"{item_id}.part{k}"
+        if pid in seen:
+            raise DataError(f"{where}: id '{pid}' (piece {k} of the long text of '{item_id}') is also an id")
+        seen.add(pid)
+        out.append(Item(pid, piece, lang, prompt_text, wav))
+    return out
+
+
+def _prompt_path(rel: str, where: str, root: Path) -> Path | None:
+    """``prompt_wav`` resolved inside the set's folder: absolute paths, ``..`` and links that lead
+    out of it are refused (a manifest must not make a build read arbitrary files)."""
+    if not rel:
+        return None
+    if Path(rel).is_absolute() or "\\" in rel:
+        raise DataError(f"{where}: prompt_wav '{rel}' must be a path relative to the set's folder")
+    wav = (root / rel).resolve()
+    if not wav.is_relative_to(root):
+        raise DataError(f"{where}: prompt_wav '{rel}' leads outside the set's folder {root}")
+    if not wav.is_file():
+        raise DataError(f"{where}: prompt_wav '{rel}' not found (or not a regular file)")
+    return wav
+
+
+def speakable(text: str) -> bool:
+    """Whether ``text`` has anything to say: a letter or a digit in any script (not only spaces,
+    punctuation, symbols or emoji)."""
+    return any(unicodedata.category(c)[0] in "LN" for c in text)
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
@@ -105,3 +168,6 @@ def check_audio(paths: list[Path]) -> None:
             raise DataError(f"{p}: unreadable audio ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
         if info.frames == 0:
             raise DataError(f"{p}: audio file has no samples")
+        if info.frames > MAX_PROMPT_SECONDS * info.samplerate:
+            raise DataError(f"{p}: prompt audio is {info.frames / info.samplerate:.1f} s; CosyVoice2 takes prompts "
+                            f"of up to {MAX_PROMPT_SECONDS:.0f} s")

@@ -1,0 +1,296 @@
+"""Hostile input: each case is refused with one line naming the file (and key or line), exit 2,
+no cache entry, in bounded time and memory, and nothing it asks for happens (no code runs, no file
+outside the data set is read)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from helpers import EVAL_SET, REPO, copy_model
+
+MAX_SECONDS = 20.0  # generous for a loaded 2-core machine; the bomb used to run > 20 s at 820 MB
+MAX_RSS_MB = 1500  # the CLI with torch imported stays well under this; the 2,000-char text took 7.6 GB
+
+Case = Callable[[Path, Path], tuple[list[str], list[str]]]
+CASES: dict[str, Case] = {}
+
+
+def case(name: str) -> Callable[[Case], Case]:
+    def deco(fn: Case) -> Case:
+        CASES[name] = fn
+        return fn
+    return deco
+
+
+def _recipe(tmp: Path, body: str = "", eval_set: Path | None = None, model: Path | None = None) -> Path:
+    text = (f"extends: {REPO / 'recipes' / 'cpu-fp32.yaml'}\nname: hostile\n"
+            + (f"model: {model}\n" if model else "")
+            + f"validation:\n  eval_set: {eval_set or EVAL_SET}\n  max_items: 1\n" + body)
+    p = tmp / "hostile.yaml"
+    p.write_text(text)
+    return p
+
+
+def _eval_set(tmp: Path, **fields: object) -> Path:
+    """A one-line eval set whose line is the first shipped item with ``fields`` replaced."""
+    root = tmp / "eval"
+    shutil.copytree(EVAL_SET / "prompts", root / "prompts")
+    row = json.loads((EVAL_SET / "manifest.jsonl").read_text().splitlines()[0]) | fields
+    (root / "manifest.jsonl").write_text(json.dumps(row, ensure_ascii=False) + "\n")
+    return root
+
+
+def _build(tmp: Path, **fields: object) -> list[str]:
+    return ["build", str(_recipe(tmp, eval_set=_eval_set(tmp, **fields)))]
+
+
+# ---- recipes -------------------------------------------------------------------------------------
+
+@case("yaml-alias-bomb")
+def _bomb(tmp, model):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    p = tmp / "bomb.yaml"
+    p.write_text("name: bomb\n" + "\n".join(lines) + "\n")
+    return ["build", str(p)], ["bomb.yaml", "expands to more than"]
+
+
+@case("yaml-deep-nesting")
+def _deep(tmp, model):
+    p = tmp / "deep.yaml"
+    p.write_text("name: deep\nx: " + "[" * 20000 + "]" * 20000 + "\n")
+    return ["build", str(p)], ["deep.yaml", "nested more than"]
+
+
+@case("yaml-python-tag")
+def _tag(tmp, model):
+    marker = tmp / "pwned"
+    p = tmp / "tag.yaml"
+    p.write_text(f"name: t\nstages: !!python/object/apply:os.system ['touch {marker}']\n")
+    return ["build", str(p)], ["tag.yaml:2", "stages", "YAML tag"]
+
+
+@case("yaml-custom-tag")
+def _tag2(tmp, model):
+    return ["build", str(_recipe(tmp, "stages:\n  llm:\n    export: {opset: !env OPSET}\n"))], \
+        ["hostile.yaml:8", "stages.llm.export.opset", "YAML tag '!env'"]
+
+
+@case("recipe-huge-file")
+def _huge(tmp, model):
+    p = tmp / "huge.yaml"
+    p.write_text("name: huge\n" + "# padding\n" * 200_000)
+    return ["build", str(p)], ["huge.yaml", "over the", "byte limit"]
+
+
+@case("recipe-not-utf8")
+def _latin1(tmp, model):
+    p = tmp / "latin1.yaml"
+    p.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    return ["build", str(p)], ["latin1.yaml", "not UTF-8"]
+
+
+@case("recipe-nan-threshold")
+def _nan(tmp, model):
+    return ["build", str(_recipe(tmp, "  gate:\n    min: {llm.logit_cosine: .nan}\n"))], \
+        ["hostile.yaml:7", "llm.logit_cosine", "NaN"]
+
+
+@case("recipe-extends-system-file")
+def _extends(tmp, model):
+    p = tmp / "ext.yaml"
+    p.write_text("extends: ../../../../../../../../etc/passwd\nname: e\n")
+    return ["build", str(p)], ["/etc/passwd"]
+
+
+@case("recipe-name-is-a-path")
+def _name(tmp, model):
+    p = tmp / "name.yaml"
+    p.write_text(f"extends: {REPO / 'recipes' / 'cpu-fp32.yaml'}\nname: ../../outside\n")
+    return ["build", str(p)], ["name.yaml:2", "name"]
+
+
+# ---- data sets -----------------------------------------------------------------------------------
+
+@case("prompt-wav-dotdot")
+def _dotdot(tmp, model):
+    return _build(tmp, prompt_wav="../../../../../../etc/passwd"), ["manifest.jsonl:1", "prompt_wav", "outside"]
+
+
+@case("prompt-wav-absolute")
+def _absolute(tmp, model):
+    return _build(tmp, prompt_wav="/etc/passwd"), ["manifest.jsonl:1", "prompt_wav", "relative"]
+
+
+@case("prompt-wav-symlink-out")
+def _link(tmp, model):
+    args = _build(tmp)
+    os.symlink("/etc/passwd", tmp / "eval" / "prompts" / "link.wav")
+    row = json.loads((tmp / "eval" / "manifest.jsonl").read_text()) | {"prompt_wav": "prompts/link.wav"}
+    (tmp / "eval" / "manifest.jsonl").write_text(json.dumps(row) + "\n")
+    return args, ["manifest.jsonl:1", "prompts/link.wav", "outside"]
+
+
+@case("prompt-wav-not-audio")
+def _notaudio(tmp, model):
+    args = _build(tmp)
+    (tmp / "eval" / "prompts" / "eval-prompt-00.wav").write_text("this is text, not RIFF audio\n")
+    return args, ["eval-prompt-00.wav", "unreadable audio"]
+
+
+@case("prompt-wav-too-long")
+def _long_wav(tmp, model):
+    import soundfile as sf
+
+    args = _build(tmp)
+    sf.write(str(tmp / "eval" / "prompts" / "eval-prompt-00.wav"), np.zeros(16000 * 31, np.float32), 16000)
+    return args, ["eval-prompt-00.wav", "31.0 s", "up to 30 s"]
+
+
+@case("text-whitespace-only")
+def _ws(tmp, model):
+    return _build(tmp, text=" \t \u3000 "), ["manifest.jsonl:1", "nothing to speak"]
+
+
+@case("text-emoji-only")
+def _emoji(tmp, model):
+    return _build(tmp, text="\U0001F600\U0001F389\U0001F44D !!"), ["manifest.jsonl:1", "nothing to speak"]
+
+
+@case("text-empty")
+def _empty(tmp, model):
+    return _build(tmp, text=""), ["manifest.jsonl:1", "non-empty string fields"]
+
+
+@case("manifest-duplicate-ids")
+def _dup(tmp, model):
+    args = _build(tmp)
+    line = (tmp / "eval" / "manifest.jsonl").read_text()
+    (tmp / "eval" / "manifest.jsonl").write_text(line + line)
+    return args, ["manifest.jsonl:2", "duplicate id"]
+
+
+@case("manifest-id-is-a-path")
+def _idpath(tmp, model):
+    return _build(tmp, id="../../escape"), ["manifest.jsonl:1", "id '../../escape'"]
+
+
+@case("manifest-not-utf8")
+def _mlatin(tmp, model):
+    args = _build(tmp)
+    (tmp / "eval" / "manifest.jsonl").write_bytes(b'{"id": "a", "text": "caf\xe9"}\n')
+    return args, ["manifest.jsonl", "not UTF-8"]
+
+
+@case("manifest-deep-json")
+def _mdeep(tmp, model):
+    args = _build(tmp)
+    (tmp / "eval" / "manifest.jsonl").write_text('{"id": "a", "text": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    return args, ["manifest.jsonl:1", "not valid JSON"]
+
+
+@case("manifest-field-types")
+def _types(tmp, model):
+    return _build(tmp, prompt_text=float("nan")), ["manifest.jsonl:1", "'prompt_text' must be a string"]
+
+
+# ---- model dirs ----------------------------------------------------------------------------------
+
+@case("checkpoint-pickle-with-code")
+def _pickle(tmp, model):
+    import pickle
+
+    marker = tmp / "pwned"
+
+    class Evil:
+        def __reduce__(self):  # runs os.system on unpickling, if anything unpickles it unsafely
+            return (os.system, (f"touch {marker}",))
+
+    (model / "flow.pt").write_bytes(pickle.dumps({"w": Evil()}))
+    return ["build", str(_recipe(tmp, model=model))], ["flow.pt"]
+
+
+@case("checkpoint-symlink-to-device")
+def _dev(tmp, model):
+    (model / "hift.pt").unlink()
+    os.symlink("/dev/zero", model / "hift.pt")
+    return ["build", str(_recipe(tmp, model=model))], ["hift.pt", "not a file"]
+
+
+@case("frontend-corrupt-onnx")
+def _onnx(tmp, model):
+    data = (model / "campplus.onnx").read_bytes()
+    (model / "campplus.onnx").write_bytes(data[: len(data) // 3])
+    return ["build", str(_recipe(tmp, model=model))], ["campplus.onnx"]
+
+
+@case("model-config-alias-bomb")
+def _cfg_bomb(tmp, model):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    with (model / "cosyvoice2.yaml").open("a") as f:
+        f.write("\n" + "\n".join(lines) + "\n")
+    return ["build", str(_recipe(tmp, model=model))], ["cosyvoice2.yaml", "expands to more than"]
+
+
+def _run_bounded(args: list[str], cwd: Path) -> tuple[int, str, float, float]:
+    """(exit status, stderr, wall seconds, peak RSS MB) of the real CLI in a subprocess."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "cosycompile", *args], cwd=cwd,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        err = proc.stderr.read() if proc.stderr else ""
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, err, time.perf_counter() - t0, usage.ru_maxrss / 1024
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_input(name: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    args, expected = CASES[name](tmp_path, model)
+    art = tmp_path / "art"
+    rc, err, seconds, rss_mb = _run_bounded(args + ["--artifacts", str(art)], tmp_path)
+    err = err.strip()
+    assert rc == 2, f"exit {rc}\n{err[-2000:]}"
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("cosycompile: error: "), err
+    for s in expected:
+        assert s in err, (s, err)
+    assert seconds < MAX_SECONDS and rss_mb < MAX_RSS_MB, (seconds, rss_mb)
+    assert not list(art.glob("cache/objects/*/*/entry.json")), "a hostile input left a cache entry"
+    assert not (tmp_path / "pwned").exists(), "input code ran"
+
+
+def test_enough_cases() -> None:
+    assert len(CASES) >= 18
+
+
+def test_long_text_is_split_into_bounded_items(tmp_path: Path) -> None:
+    """A 2,000-character text becomes several items cut at sentence ends, each under the bound."""
+    from cosycompile.runtime.dataset import MAX_ITEM_WEIGHT, PIECE_WEIGHT, load_dataset
+    from cosycompile.runtime.text import text_weight
+
+    sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+    text = (sentence * 30)[:2000]
+    root = _eval_set(tmp_path, text=text)
+    items = load_dataset(root).items
+    assert len(items) >= 2000 // PIECE_WEIGHT and all(text_weight(i.text) <= PIECE_WEIGHT for i in items)
+    assert [i.id for i in items] == [f"eval-en-0001.part{k}" for k in range(1, len(items) + 1)]
+    assert " ".join(i.text for i in items) == " ".join(text.split())
+    assert all(i.text.endswith(".") for i in items[:-1])  # cut at sentence ends
+    short = load_dataset(EVAL_SET).items  # the shipped sets are under the bound: unchanged
+    assert all(text_weight(i.text) <= MAX_ITEM_WEIGHT and ".part" not in i.id for i in short)
