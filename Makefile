@@ -12,7 +12,10 @@ install: $(STAMP)
 # torch is pinned by constraints.txt: an unpinned resolve pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c constraints.txt -e '.[quant,eval,rtx,dev]'
+	$(PIP) install -q -c constraints.txt -e '.[quant,eval,rtx,dev,triton]'
+	# tritonserver 2.51 for CPU tests of the Triton repositories; only its server binary, libraries and
+	# python backend are used, so its Python dependencies (numpy<2) are not installed.
+	$(PIP) install -q --no-deps nvidia-pytriton==0.7.0
 	# resemblyzer asks for webrtcvad, whose sdist breaks on import with current setuptools;
 	# webrtcvad-wheels provides the same module as a binary wheel.
 	$(PIP) install -q --no-deps --force-reinstall webrtcvad-wheels

@@ -26,6 +26,7 @@ examples:
   cosycompile pack BUNDLE -o bundle.tar.gz         one verified archive of a bundle
   cosycompile unpack bundle.tar.gz DIR             unpack it on another machine (all or nothing)
   cosycompile synthesize DIR --text "Hello." --out hello.wav   text -> wav with the bundle alone
+  cosycompile triton DIR --out repo/                Triton model repository of a bundle
 
 exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths),
   3 built in part: the steps this machine cannot run (e.g. a GPU engine builder that is not installed)
@@ -148,6 +149,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
     p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (24 kHz PCM16)")
+
+    p = sub.add_parser("triton", help="write a Triton Inference Server model repository of a bundle",
+                       description="Write DIR as a Triton model repository serving BUNDLE. A CPU bundle (every "
+                                   "stage on onnxruntime) gives python-backend models running its engines: "
+                                   "cosyvoice2 (decoupled, gRPC streaming, one response per text piece) and "
+                                   "cosyvoice2_offline (HTTP). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
+                                   "the CosyVoice runtime layout: BLS cosyvoice2, token2wav, vocoder, "
+                                   "speaker_embedding, audio_tokenizer and tensorrt_llm (or --llm-url). Configs come "
+                                   "from the bundle's manifest and recipe; DIR/README.md says how to start the server.")
+    p.add_argument("bundle", type=Path, help="bundle dir (a build's, or one from cosycompile unpack)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="repository folder to create (must not exist, or be empty)")
+    p.add_argument("--instances", type=int, default=1, metavar="N", help="instances per model (default 1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads per CPU instance (default: the recipe's validation.speed.threads)")
+    p.add_argument("--max-chars", type=int, default=80, metavar="N",
+                   help="longest text piece in English-character equivalents, as for synthesize (default 80)")
+    p.add_argument("--llm-url", metavar="URL",
+                   help="GPU bundles: call a trtllm-serve at URL (TensorRT-LLM > 1.2 has no Triton backend) "
+                        "instead of generating a tensorrt_llm model")
     return parser
 
 
@@ -195,6 +216,10 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from cosycompile.commands import synthesize
 
         return synthesize.run(args)
+    if args.command == "triton":
+        from cosycompile.commands import triton
+
+        return triton.run(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

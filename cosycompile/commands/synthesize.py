@@ -18,7 +18,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 import time
 import uuid

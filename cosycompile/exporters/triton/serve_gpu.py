@@ -1,0 +1,216 @@
+"""Python models of the GPU layout (see :mod:`.gpu`); they run in Triton's python stub.
+
+The control flow is cosycompile's runtime: :class:`~cosycompile.runtime.pipeline.FlowRuntime` and
+:class:`~cosycompile.runtime.pipeline.HiFTRuntime` over :class:`BlsRunner`s, which run a graph as a
+BLS request to its ``tensorrt_plan`` model. The LM runs in the ``tensorrt_llm`` model or behind a
+trtllm-serve URL; its vocabulary is CosyVoice2's HF-format LLM (speech token s = id 151663 + s).
+Not exercised on a GPU by the tests (no GPU where they run); they check the configs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from cosycompile.exporters.triton.pbcompat import input_array, input_text, numpy_bridge_ok, output_tensor, patch_stub
+from cosycompile.exporters.triton.serve_cpu import PROMPT_SR, model_parameters
+
+SPEECH_OFFSET = 151663  # first speech token id of the HF-format CosyVoice2 LLM
+SPEECH_TOKENS = 6561  # <|s_0|> .. <|s_6560|>; then eos1..eos3, sos, task_id
+SOS, TASK_ID = SPEECH_OFFSET + SPEECH_TOKENS + 3, SPEECH_OFFSET + SPEECH_TOKENS + 4
+
+
+class BlsRunner:
+    """A :class:`~cosycompile.runtime.runner.Runner` whose graph is another Triton model (outputs on the host)."""
+
+    def __init__(self, pb_utils: Any, model: str, input_names: list[str], output_names: list[str]) -> None:
+        self.pb, self.model = pb_utils, model
+        self.input_names, self.output_names = input_names, output_names
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One BLS request; errors of the called model are raised."""
+        pb = self.pb
+        request = pb.InferenceRequest(model_name=self.model, requested_output_names=self.output_names,
+                                      inputs=[output_tensor(pb, n, np.asarray(v)) for n, v in feeds.items()],
+                                      preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
+        response = request.exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.model}: {response.error().message()}")
+        return {n: np.array(np.from_dlpack(pb.get_output_tensor_by_name(response, n))) for n in self.output_names}
+
+
+class _Base:
+    """Shared set-up: the stub fix, parameters and the version dir."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        """Read the config's parameters; subclasses load what they run."""
+        import triton_python_backend_utils as pb_utils
+
+        patch_stub(pb_utils)
+        self.pb = pb_utils
+        self.bytes_ok = numpy_bridge_ok(pb_utils)
+        self.config = json.loads(args["model_config"])
+        self.params = model_parameters(self.config)
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.config)
+        self.dir = Path(args["model_repository"]) / args["model_version"]
+
+    def _frontend(self) -> Any:
+        from cosycompile.runtime.frontend import Frontend
+
+        return Frontend(self.dir / self.params.get("frontend", "frontend"), threads=1)
+
+    def _wav16k(self, request: Any) -> np.ndarray:
+        wav = input_array(self.pb, request, "reference_wav").reshape(-1).astype(np.float32)
+        length = input_array(self.pb, request, "reference_wav_len")
+        return wav[: int(length.reshape(-1)[0])] if length is not None else wav
+
+    def _answer(self, requests: list[Any], outputs: Any) -> list[Any]:
+        pb, responses = self.pb, []
+        for request in requests:
+            try:
+                tensors = [output_tensor(pb, n, v) for n, v in outputs(request).items()]
+                responses.append(pb.InferenceResponse(output_tensors=tensors))
+            except Exception as exc:  # the error goes back to the caller, the model stays up
+                responses.append(pb.InferenceResponse(output_tensors=[], error=pb.TritonError(f"{exc}")))
+        return responses
+
+
+class AudioTokenizer(_Base):
+    """Prompt wav (16 kHz) -> speech tokens, with the bundle's speech tokenizer ONNX."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        self.frontend = self._frontend()
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return self._answer(requests, lambda r: {"prompt_speech_tokens": self.frontend.speech_tokens(self._wav16k(r))})
+
+
+class SpeakerEmbedding(AudioTokenizer):
+    """Prompt wav (16 kHz) -> x-vector, with the bundle's CAM++ ONNX."""
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return self._answer(requests, lambda r: {"prompt_spk_embedding": self.frontend.speaker_embedding(self._wav16k(r))})
+
+
+class Token2Wav(_Base):
+    """Speech tokens (+ prompt features) -> 24 kHz wav: CFM loop and iSTFT here, graphs as BLS calls."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        from cosycompile.runtime.graphs_dir import read_graphs_dir
+        from cosycompile.runtime.loading import load_assets
+        from cosycompile.runtime.pipeline import FlowRuntime, HiFTRuntime
+        from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
+        from cosycompile.stages.hift import HIFT
+
+        flow_dir, hift_dir = self.dir / self.params.get("flow", "flow"), self.dir / self.params.get("hift", "hift")
+        runners = {g.name: BlsRunner(self.pb, model, g.input_names, g.output_names)
+                   for g, model in ((FLOW_ENCODER, "flow_encoder"), (FLOW_ESTIMATOR, "flow_estimator"),
+                                    (HIFT, "vocoder"))}
+        self.flow = FlowRuntime.from_runners(runners, load_assets(flow_dir), read_graphs_dir(flow_dir).info)
+        self.hift = HiFTRuntime.from_runners(runners, {}, read_graphs_dir(hift_dir).info)
+
+    def _wav(self, request: Any) -> dict[str, np.ndarray]:
+        from cosycompile.runtime.pipeline import Prompt
+
+        pb = self.pb
+        tokens = input_array(pb, request, "target_speech_tokens").reshape(-1).astype(np.int64)
+        prompt = Prompt.empty()
+        ptok, feat = input_array(pb, request, "prompt_speech_tokens"), input_array(pb, request, "prompt_speech_feat")
+        emb, seed = input_array(pb, request, "prompt_spk_embedding"), input_array(pb, request, "seed")
+        if ptok is not None and feat is not None:
+            prompt = Prompt(np.zeros(0, np.int64), ptok.reshape(-1).astype(np.int64), feat.astype(np.float32),
+                            prompt.embedding)
+        if emb is not None:
+            prompt.embedding = emb.reshape(-1).astype(np.float32)
+        mel = self.flow.mel(tokens, prompt)
+        return {"waveform": self.hift.wav(mel, int(seed.reshape(-1)[0]) if seed is not None else 0)}
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        return self._answer(requests, self._wav)
+
+
+class CosyVoice2(_Base):
+    """Text -> waveform: front end, LM (tensorrt_llm or trtllm-serve), token2wav; streams per text piece."""
+
+    def initialize(self, args: dict[str, Any]) -> None:
+        super().initialize(args)
+        from cosycompile.commands.synthesize import recipe_sampling
+
+        self.frontend = self._frontend()
+        self.sampling = recipe_sampling(json.loads((self.dir / "recipe.json").read_text()))
+        self.max_chars = int(self.params.get("max_chars") or 80)
+
+    def _prompt(self, request: Any) -> dict[str, np.ndarray]:
+        """Prompt features by BLS (audio_tokenizer, speaker_embedding) plus the prompt mel, or {} without a prompt."""
+        from cosycompile.runtime.dsp import mel_spectrogram, resample
+
+        if self.pb.get_input_tensor_by_name(request, "reference_wav") is None:
+            return {}
+        wav = self._wav16k(request)
+        feeds = {"reference_wav": wav, "reference_wav_len": np.array([len(wav)], np.int32)}
+        tokens = BlsRunner(self.pb, "audio_tokenizer", list(feeds), ["prompt_speech_tokens"]).run(feeds)
+        emb = BlsRunner(self.pb, "speaker_embedding", list(feeds), ["prompt_spk_embedding"]).run(feeds)
+        mel = mel_spectrogram(resample(wav, PROMPT_SR, 24000), 24000)
+        n = min(mel.shape[1] // 2, len(tokens["prompt_speech_tokens"]))
+        return {"prompt_speech_tokens": tokens["prompt_speech_tokens"][:n],
+                "prompt_speech_feat": np.ascontiguousarray(mel[:, : 2 * n], np.float32), **emb}
+
+    def _llm(self, ids: list[int], seed: int) -> np.ndarray:
+        """Speech tokens for prompt ids ``ids`` from the LM."""
+        s, limit = self.sampling, int(self.params.get("max_tokens") or 0) or 20 * len(ids)
+        if self.params.get("llm") == "trtllm-serve":
+            body = {"prompt": ids, "max_tokens": limit, "top_p": s.top_p, "top_k": s.top_k, "seed": seed,
+                    "temperature": 1.0, "stop_token_ids": list(range(SPEECH_OFFSET + SPEECH_TOKENS, SOS))}
+            req = urllib.request.Request(self.params["llm_url"].rstrip("/") + "/v1/completions",
+                                         json.dumps(body).encode(), {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as f:
+                text = json.loads(f.read())["choices"][0]["text"]
+            return np.array([int(m) for m in re.findall(r"<\|s_(\d+)\|>", text)], np.int64)
+        feeds = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+                 "request_output_len": np.array([[limit]], np.int32),
+                 "end_id": np.array([[SPEECH_OFFSET + SPEECH_TOKENS]], np.int32),
+                 "runtime_top_k": np.array([[s.top_k]], np.int32), "runtime_top_p": np.array([[s.top_p]], np.float32),
+                 "random_seed": np.array([[seed]], np.uint64)}
+        out = BlsRunner(self.pb, "tensorrt_llm", list(feeds), ["output_ids", "sequence_length"]).run(feeds)
+        got = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])] - SPEECH_OFFSET
+        return got[(got >= 0) & (got < SPEECH_TOKENS)].astype(np.int64)
+
+    def _waves(self, request: Any) -> Iterator[np.ndarray]:
+        from cosycompile.commands.synthesize import split_text
+
+        text = input_text(self.pb, request, "target_text", self.bytes_ok)
+        if text is None or not text.strip():
+            raise ValueError("target_text (or target_text_utf8): missing or empty")
+        prompt = self._prompt(request)
+        ref_text = input_text(self.pb, request, "reference_text", self.bytes_ok) or ""
+        ref_ids = [int(i) for i in self.frontend.text_ids(ref_text)] if ref_text.strip() else []
+        seed_in = input_array(self.pb, request, "seed")
+        seed = int(seed_in.reshape(-1)[0]) if seed_in is not None else self.sampling.seed
+        ptok = [int(t) + SPEECH_OFFSET for t in prompt.get("prompt_speech_tokens", [])]
+        for k, piece in enumerate(split_text(text, self.max_chars)):
+            ids = [SOS, *ref_ids, *(int(i) for i in self.frontend.text_ids(piece)), TASK_ID, *ptok]
+            feeds = {"target_speech_tokens": self._llm(ids, seed + k), "seed": np.array([seed + k], np.int64), **prompt}
+            yield BlsRunner(self.pb, "token2wav", list(feeds), ["waveform"]).run(feeds)["waveform"].reshape(-1)
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        """As the CPU model: a stream of responses per request (decoupled) or one each."""
+        pb = self.pb
+        if not self.decoupled:
+            return self._answer(requests, lambda r: {"waveform": np.concatenate([*self._waves(r), np.zeros(0, np.float32)])
+                                                     [None]})
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                for wav in self._waves(request):
+                    sender.send(pb.InferenceResponse(output_tensors=[output_tensor(pb, "waveform", wav[None])]))
+                sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as exc:  # the error goes back to the client, the model stays up
+                sender.send(pb.InferenceResponse(error=pb.TritonError(f"{exc}")), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None

@@ -1,0 +1,363 @@
+"""Triton model repositories of bundles: a real tritonserver serves a CPU bundle; GPU configs parse.
+
+One build of recipes/cpu-int8.yaml on builtin:tiny with ``exports: [bundle, triton]`` serves the
+CPU tests; the server (tritonserver 2.51 from the nvidia-pytriton wheel, python backend, no GPU)
+runs once per module on free loopback ports and is stopped by its fixture's finaliser. The GPU
+layout is checked on a bundle made here from the real manifest and passport schema (nothing runs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from helpers import REPO, run_cli, write_recipe
+
+pytestmark = pytest.mark.slow
+
+# Long enough for two text pieces (80 English-character equivalents each), so streaming sends two responses.
+TEXT = ("Hello there, this is the first sentence of a small test for the Triton server. "
+        "And here is a second sentence, which the server streams on its own.")
+
+
+def _one_line_error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cosycompile: error: "), res.stderr
+    return lines[0]
+
+
+def _parse(path: Path) -> Any:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def _tensors(parsed: Any) -> dict[str, tuple[str, list[int], bool]]:
+    from tritonclient.grpc import model_config_pb2
+
+    out = {}
+    for t in [*parsed.input, *parsed.output]:
+        out[t.name] = (model_config_pb2.DataType.Name(t.data_type), list(t.dims), bool(getattr(t, "optional", False)))
+    return out
+
+
+def _kind(group: Any) -> str:
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+
+
+def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    noise = float(np.sum((ref.astype(np.float64) - test) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The small cpu-int8 build with the triton exporter: its bundle and its repository."""
+    root = tmp_path_factory.mktemp("triton")
+    recipe = write_recipe(root / "cpu-int8-triton.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
+        "calibration": {"max_items": 2},
+        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
+        "exports": ["bundle", "triton"],
+    }, base=False)
+    art = root / "art"
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
+    (bundle,) = (art / "builds").glob("cpu-int8-*")
+    return {"root": root, "art": art, "recipe": recipe, "bundle": bundle, "repo": art / "triton" / bundle.name}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def server(build: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """tritonserver on the exported CPU repository, ready; stopped (killed if need be) at the end."""
+    from cosycompile.exporters.triton.server import prepare_backend_dir, server_command, server_env, tritonserver_binary
+
+    if tritonserver_binary() is None:
+        pytest.fail("tritonserver is not installed: make install (pip install --no-deps nvidia-pytriton==0.7.0)")
+    work = tmp_path_factory.mktemp("tritonserver")
+    http, grpc, metrics = _free_ports(3)
+    log_path = work / "server.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(server_command(build["repo"], prepare_backend_dir(work / "backends"), http, grpc, metrics),
+                            env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+    state = {"proc": proc, "http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}", "log": log_path}
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"tritonserver exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"tritonserver not ready in 180 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield state
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def synthesized(build: dict[str, Path]) -> np.ndarray:
+    """``cosycompile synthesize`` of TEXT on the same bundle (PCM16 wav, read back as float)."""
+    import soundfile as sf
+
+    out = build["root"] / "synth.wav"
+    res = run_cli("synthesize", str(build["bundle"]), "--text", TEXT, "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    wav, sr = sf.read(str(out), dtype="float32")
+    assert sr == 24000
+    return wav
+
+
+def _utf8(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-8"), np.uint8)[None]
+
+
+def test_exporter_writes_a_self_contained_repository(build: dict[str, Path]) -> None:
+    repo = build["repo"]
+    info = json.loads((repo / "repository.json").read_text())
+    assert info["layout"] == "cpu" and set(info["models"]) == {"cosyvoice2", "cosyvoice2_offline"}
+    on_disk = {str(p.relative_to(repo)) for p in repo.rglob("*") if p.is_file()} - {"repository.json"}
+    assert on_disk == set(info["files"])
+    for model in info["models"]:
+        bundle = repo / model / "1" / "bundle"
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        for rel, digest in manifest["files"].items():  # a full bundle in each version dir
+            assert hashlib.sha256((bundle / rel).read_bytes()).hexdigest() == digest, rel
+    assert "PYTHONPATH" in (repo / "README.md").read_text()
+    assert not any(str(build["art"]) in (repo / m / "config.pbtxt").read_text() for m in info["models"])
+    # A second build is a no-op for the repository, as for the bundle.
+    mtime = (repo / "repository.json").stat().st_mtime_ns
+    res = run_cli("build", str(build["recipe"]), "--artifacts", str(build["art"]), "-q")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (repo / "repository.json").stat().st_mtime_ns == mtime
+
+
+def test_cli_writes_the_same_configs_and_refuses_bad_input(build: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    res = run_cli("triton", str(build["bundle"]), "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    for model in ("cosyvoice2", "cosyvoice2_offline"):
+        assert (out / model / "config.pbtxt").read_text() == (build["repo"] / model / "config.pbtxt").read_text()
+    assert "non-empty" not in _one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(out)))
+    assert "not a bundle folder" in _one_line_error(run_cli("triton", str(tmp_path / "nope"), "--out", str(tmp_path / "r")))
+    assert "--instances 0" in _one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(tmp_path / "r"),
+                                                      "--instances", "0"))
+    assert not (tmp_path / "r").exists()
+    help_text = run_cli("triton", "--help").stdout
+    assert "--out DIR" in help_text and "cosyvoice2_offline" in help_text
+
+
+def test_cpu_configs_parse_and_match_the_bundle(build: dict[str, Path]) -> None:
+    recipe = json.loads((build["bundle"] / "recipe.json").read_text())
+    for model, decoupled in (("cosyvoice2", True), ("cosyvoice2_offline", False)):
+        cfg = _parse(build["repo"] / model / "config.pbtxt")
+        assert cfg.name == model and cfg.backend == "python" and cfg.max_batch_size == 1
+        assert cfg.model_transaction_policy.decoupled is decoupled
+        assert [(_kind(g), g.count) for g in cfg.instance_group] == [("KIND_CPU", 1)]
+        assert cfg.parameters["threads"].string_value == str(recipe["validation"]["speed"]["threads"])
+        assert cfg.parameters["bundle_key"].string_value == json.loads((build["bundle"] / "manifest.json").read_text())["key"]
+        tensors = _tensors(cfg)
+        assert tensors["target_text"] == ("TYPE_STRING", [1], True)
+        assert tensors["target_text_utf8"] == ("TYPE_UINT8", [-1], True)
+        assert tensors["reference_wav"] == ("TYPE_FP32", [-1], True)
+        assert tensors["waveform"] == ("TYPE_FP32", [-1], False)
+
+
+def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthesized: np.ndarray) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    text = _utf8(TEXT)
+    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
+    inp = httpclient.InferInput("target_text_utf8", list(text.shape), "UINT8")
+    inp.set_data_from_numpy(text)
+    t0 = time.perf_counter()
+    http_wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
+    http_s = time.perf_counter() - t0
+    assert http_wav.shape[0] == 1 and http_wav.dtype == np.float32
+    http_wav = http_wav[0]
+
+    results: queue.Queue = queue.Queue()
+    g = grpcclient.InferenceServerClient(server["grpc"])
+    g.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        gin = grpcclient.InferInput("target_text_utf8", list(text.shape), "UINT8")
+        gin.set_data_from_numpy(text)
+        t0 = time.perf_counter()
+        g.async_stream_infer("cosyvoice2", [gin], enable_empty_final_response=True)
+        chunks, first_s = [], None
+        while True:
+            result, error = results.get(timeout=600)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            first_s = first_s if first_s is not None else time.perf_counter() - t0
+            chunks.append(result.as_numpy("waveform")[0])
+    finally:
+        g.stop_stream()
+    assert len(chunks) == 2, [c.shape for c in chunks]  # one response per text piece
+    grpc_wav = np.concatenate(chunks)
+    assert np.array_equal(grpc_wav, http_wav)
+
+    # synthesize writes PCM16: the same samples agree to within its quantization step.
+    assert synthesized.shape == http_wav.shape
+    snr_http, snr_grpc = _snr_db(synthesized, http_wav), _snr_db(synthesized, grpc_wav)
+    print(f"\nSNR vs cosycompile synthesize (PCM16): HTTP {snr_http:.2f} dB, gRPC streaming {snr_grpc:.2f} dB; "
+          f"max |diff| {np.abs(synthesized - http_wav).max():.3g}; HTTP {http_s:.2f} s, first chunk {first_s:.2f} s")
+    assert snr_http >= 60 and snr_grpc >= 60
+    assert np.abs(synthesized - http_wav).max() <= 1.01 / 32768
+
+
+def test_bytes_text_works_or_is_refused_with_the_utf8_hint(server: dict[str, Any]) -> None:
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
+    inp = httpclient.InferInput("target_text", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([["Hi."]], dtype=object))
+    try:
+        wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
+        assert wav.size > 0  # a stub whose numpy bridge works reads BYTES
+    except InferenceServerException as exc:
+        assert "target_text_utf8" in str(exc), str(exc)
+    assert client.is_model_ready("cosyvoice2_offline")  # the stub survived the request
+
+
+def test_server_stops(server: dict[str, Any]) -> None:
+    proc = server["proc"]
+    proc.terminate()
+    assert proc.wait(timeout=60) is not None
+    assert proc.poll() is not None
+
+
+# ---- GPU layout: a bundle with the real manifest / passport schema, TensorRT and TensorRT-LLM engines faked.
+
+GPU_INFO = {"mel_bins": 80, "spk_embed_dim": 192, "harmonics": 9, "samples_per_frame": 480, "n_freq": 9}
+
+
+def _gpu_bundle(root: Path, trtllm_version: str = "1.2.0") -> Path:
+    from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
+    from cosycompile.stages.hift import HIFT
+
+    bundle = root / "builds" / "l20-int8-0123456789ab"
+    graphs = {"flow": (FLOW_ENCODER, FLOW_ESTIMATOR), "hift": (HIFT,)}
+    for stage, specs in graphs.items():
+        d = bundle / "engines" / stage
+        d.mkdir(parents=True)
+        described = {g.name: g.describe(GPU_INFO) for g in specs}
+        for g in specs:
+            (d / f"{g.name}.plan").write_bytes(b"not a real plan " + g.name.encode())
+        (d / "graphs.json").write_text(json.dumps({"stage": stage, "graphs": {
+            n: {"file": f"{n}.plan", "inputs": [t["name"] for t in s["inputs"]],
+                "outputs": [t["name"] for t in s["outputs"]], "spec": s} for n, s in described.items()},
+            "assets": {"rand_noise": "rand_noise.npy"} if stage == "flow" else {}, "info": GPU_INFO}))
+        if stage == "flow":
+            np.save(d / "rand_noise.npy", np.zeros((1, 80, 100), np.float32))
+        (d / "engine.json").write_text(json.dumps({"backend": "tensorrt", "target": "l20", "compute_capability": "sm89",
+                                                   "precision": "int8", "options": {}, "graphs": described}))
+    llm = bundle / "engines" / "llm"
+    llm.mkdir(parents=True)
+    (llm / "rank0.engine").write_bytes(b"not a real engine")
+    (llm / "config.json").write_text("{}")
+    (llm / "engine.json").write_text(json.dumps({"backend": "trtllm", "target": "l20", "compute_capability": "sm89",
+                                                 "precision": "int8_sq", "tensorrt_llm": trtllm_version,
+                                                 "options": {"max_batch_size": 16}, "graphs": {}}))
+    (bundle / "frontend" / "CosyVoice-BlankEN").mkdir(parents=True)
+    for rel in ("frontend/campplus.onnx", "frontend/speech_tokenizer_v2.onnx", "frontend/builtin.json",
+                "frontend/CosyVoice-BlankEN/config.json"):
+        (bundle / rel).write_text("{}")
+    (bundle / "recipe.json").write_text(json.dumps({"name": "l20-int8", "validation": {
+        "sampling": {"mode": "ras", "seed": 0, "top_p": 0.8, "top_k": 25}, "speed": {"threads": 2}}}))
+    files = {str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
+             for p in bundle.rglob("*") if p.is_file()}
+    (bundle / "manifest.json").write_text(json.dumps({
+        "schema": 2, "recipe": "l20-int8", "key": "0123456789ab" + "0" * 52, "frontend": "frontend",
+        "stages": {"llm": {"backend": "trtllm", "precision": "int8_sq"},
+                   "flow": {"backend": "tensorrt", "precision": "int8"},
+                   "hift": {"backend": "tensorrt", "precision": "fp16"}},
+        "files": files}))
+    return bundle
+
+
+@pytest.mark.parametrize("llm_url", [None, "http://127.0.0.1:8100"])
+def test_gpu_configs_parse_and_match_the_passports(tmp_path: Path, llm_url: str | None) -> None:
+    bundle = _gpu_bundle(tmp_path)
+    out = tmp_path / "repo"
+    res = run_cli("triton", str(bundle), "--out", str(out), *(["--llm-url", llm_url] if llm_url else []))
+    assert res.returncode == 0, res.stderr
+    info = json.loads((out / "repository.json").read_text())
+    assert info["layout"] == "gpu"
+    expected = {"cosyvoice2", "cosyvoice2_offline", "audio_tokenizer", "speaker_embedding", "token2wav",
+                "flow_encoder", "flow_estimator", "vocoder"} | (set() if llm_url else {"tensorrt_llm"})
+    assert set(info["models"]) == expected == {p.parent.name for p in out.glob("*/config.pbtxt")}
+    parsed = {m: _parse(out / m / "config.pbtxt") for m in expected}
+    assert all(parsed[m].name == m for m in expected)
+    passports = {s: json.loads((bundle / "engines" / s / "engine.json").read_text()) for s in ("flow", "hift")}
+    for model, (stage, graph) in {"flow_encoder": ("flow", "flow_encoder"), "flow_estimator": ("flow", "flow_estimator"),
+                                  "vocoder": ("hift", "hift")}.items():
+        cfg, spec = parsed[model], passports[stage]["graphs"][graph]
+        assert cfg.platform == "tensorrt_plan" and _kind(cfg.instance_group[0]) == "KIND_GPU"
+        assert (out / model / "1" / cfg.default_model_filename).read_bytes() == \
+            (bundle / "engines" / stage / f"{graph}.plan").read_bytes()
+        want = {t["name"]: (f"TYPE_{ {'float32': 'FP32', 'int64': 'INT64'}[t['dtype']]}",
+                            [d if isinstance(d, int) else -1 for d in t["shape"]], False)
+                for t in [*spec["inputs"], *spec["outputs"]]}
+        assert _tensors(cfg) == want
+    assert parsed["cosyvoice2"].model_transaction_policy.decoupled
+    assert not parsed["cosyvoice2_offline"].model_transaction_policy.decoupled
+    assert parsed["cosyvoice2"].parameters["llm"].string_value == ("trtllm-serve" if llm_url else "tensorrt_llm")
+    assert parsed["cosyvoice2"].parameters["llm_url"].string_value == (llm_url or "")
+    assert _tensors(parsed["speaker_embedding"])["prompt_spk_embedding"] == ("TYPE_FP32", [192], False)
+    assert _tensors(parsed["token2wav"])["prompt_speech_feat"] == ("TYPE_FP32", [80, -1], True)
+    assert (out / "token2wav" / "1" / "flow" / "rand_noise.npy").is_file()
+    assert not list((out / "token2wav").rglob("*.plan"))
+    if not llm_url:
+        trt = parsed["tensorrt_llm"]
+        assert trt.backend == "tensorrtllm" and trt.max_batch_size == 16 and trt.model_transaction_policy.decoupled
+        engine = Path(trt.parameters["gpt_model_path"].string_value)
+        assert engine == out.resolve() / "tensorrt_llm" / "1" / "engine" and (engine / "rank0.engine").is_file()
+    for model in ("cosyvoice2", "audio_tokenizer", "speaker_embedding", "token2wav"):
+        compile((out / model / "1" / "model.py").read_text(), model, "exec")
+
+
+def test_gpu_bundle_with_newer_trtllm_needs_a_url(tmp_path: Path) -> None:
+    bundle = _gpu_bundle(tmp_path, trtllm_version="1.3.0")
+    line = _one_line_error(run_cli("triton", str(bundle), "--out", str(tmp_path / "repo")))
+    assert "--llm-url" in line and "1.3" in line
+    assert not (tmp_path / "repo").exists()
