@@ -112,6 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(v)
     ls = csub.add_parser("ls", help="list cache entries")
     _add_common(ls)
+    gc = csub.add_parser("gc", help="remove entries no bundle under builds/ needs, least recently used first",
+                         description="Remove cache entries that no bundle under <artifacts>/builds was made from: "
+                                     "those unused for longer than --older-than, then the least recently used "
+                                     "until the cache fits --max-size. Entries of kept bundles always stay. "
+                                     "Staging dirs left by killed builds are removed too.")
+    gc.add_argument("--max-size", metavar="SIZE", help="largest total size to keep, e.g. 20G, 500M")
+    gc.add_argument("--older-than", metavar="AGE", help="remove entries unused for longer than this, e.g. 30d, 12h")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    _add_common(gc)
 
     p = sub.add_parser("pack", help="pack a bundle into one deterministic .tar.gz (every file checked against "
                                     "manifest.json)",
@@ -421,6 +430,18 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             meta = json.loads(entry_file.read_text())
             size = sum(s for s, _ in meta.get("files", {}).values())
             print(f"{meta['key'][:12]}  {meta.get('step', '?'):<16} {size / 1e6:9.1f} MB  {meta.get('seconds', 0):6.1f}s")
+        return 0
+    if args.cache_command == "gc":
+        from cosycompile.cache.gc import collect, parse_age, parse_size
+
+        if args.max_size is None and args.older_than is None:
+            raise UserError("cache gc: give --max-size SIZE and/or --older-than AGE (nothing to decide by otherwise)")
+        res = collect(store, parse_size(args.max_size) if args.max_size else None,
+                      parse_age(args.older_than) if args.older_than else None, dry_run=args.dry_run)
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"{verb} {len(res.removed)} entries ({res.removed_bytes / 1e6:.1f} MB); kept {res.kept} "
+              f"({res.kept_bytes / 1e6:.1f} MB, {res.pinned} needed by bundles under builds/)"
+              + (f"; {res.stale_staging} stale staging dirs removed" if res.stale_staging else ""))
         return 0
     return 2
 

@@ -14,6 +14,7 @@ recorded digests before reuse; a file whose stats changed since it was stored is
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -43,6 +44,10 @@ class Entry:
     @property
     def data(self) -> Path:
         return self.path / "data"
+
+
+class StoreFull(UserError):
+    """The artifacts disk filled up while a step wrote its output."""
 
 
 class CorruptEntry(Exception):
@@ -91,6 +96,7 @@ class Store:
         except (CorruptEntry, OSError, ValueError):
             self._discard(path)
             return None
+        _touch(path)
         return Entry(key, path, meta)
 
     def _verify(self, path: Path, meta: dict[str, Any]) -> None:
@@ -124,6 +130,10 @@ class Store:
                 self._discard(path)
         self.stat_cache.save()
         return count, bad
+
+    def discard(self, path: Path) -> None:
+        """Remove an entry dir (moved aside first, so no reader ever sees half of it)."""
+        self._discard(path)
 
     def _discard(self, path: Path) -> None:
         # Move aside first so a concurrent reader never sees a half-deleted entry.
@@ -163,6 +173,19 @@ class Store:
             shutil.rmtree(stage, ignore_errors=True)
             raise
 
+    @contextmanager
+    def space_errors(self, step: str) -> Iterator[None]:
+        """Turn a full disk (or quota) while ``step`` writes into one clear error; the staging dir
+        is removed by :meth:`staging`, so no half-written entry remains."""
+        try:
+            yield
+        except Exception as exc:
+            if not _out_of_space(exc):
+                raise
+            raise StoreFull(f"{self.root}: no space left while step '{step}' wrote its output "
+                            f"({_first_line(exc)}); nothing was cached for it. Free space "
+                            "(`cosycompile cache gc --max-size ...`) or use --artifacts on a larger disk") from None
+
     def commit(self, key: str, stage: Path, meta: dict[str, Any]) -> Entry:
         """Record digests, write entry.json last, fsync, and atomically publish the staging dir."""
         data = stage / "data"
@@ -185,6 +208,33 @@ class Store:
             self.stat_cache.remember(final / "data" / rel, digest)
         self.stat_cache.save()
         return Entry(key, final, body)
+
+
+def _touch(path: Path) -> None:
+    """Mark an entry as used now (``cache gc`` drops the least recently used first)."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache still works; gc then goes by creation time
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it: exporters and savers wrap OSError) is a full disk or quota."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(cur) or "Disk quota exceeded" in str(cur):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text.strip().splitlines()[0][:160]
 
 
 def _fsync_file(path: Path) -> None:

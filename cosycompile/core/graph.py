@@ -338,8 +338,9 @@ class Executor:
             with self.store.lock(key):
                 # Another process may have built it while we waited for the lock.
                 entry = None if self.force else self.store.lookup(key)
-                if entry is None:
-                    with self.store.staging(key) as stage:
+                built_here = entry is None
+                if built_here:
+                    with self.store.staging(key) as stage, self.store.space_errors(s.name):
                         ctx = StepContext(
                             name=s.name,
                             key=key,
@@ -359,11 +360,15 @@ class Executor:
                             "step": s.name, "components": comps, "meta": meta, "seconds": dt,
                         })
             dt = time.perf_counter() - t0
-            seconds[s.name] = dt
-            ran.append(s.name)
             entries[s.name] = entry
             self.state.record(s, comps)
             self.state.save()
+            if not built_here:
+                cached.append(s.name)
+                self.reporter.line(f"{tag}  cached   {key[:12]}  (built by another process meanwhile)")
+                continue
+            seconds[s.name] = dt
+            ran.append(s.name)
             self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s")
         self.state.save()
         self.store.stat_cache.save()

@@ -54,6 +54,15 @@ def export(plan: Any, store: Store, result: BuildResult) -> Path:
     dest = bundle_dir(plan, store)
     if (dest / MANIFEST).is_file() and _intact(dest, store):
         return dest
+    # Concurrent builds of one recipe: the first writes the bundle, the others find it intact.
+    with store.lock(f"bundle.{dest.name}"):
+        if (dest / MANIFEST).is_file() and _intact(dest, store):
+            return dest
+        _write(plan, store, result, dest)
+    return dest
+
+
+def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
     recipe = plan.recipe
@@ -98,7 +107,6 @@ def export(plan: Any, store: Store, result: BuildResult) -> Path:
         store.stat_cache.save()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return dest
 
 
 def bundle_files(root: Path) -> list[str]:

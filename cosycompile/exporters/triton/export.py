@@ -25,7 +25,10 @@ def export(plan: Any, store: Store, result: BuildResult) -> Path:
     dest = store.root / FOLDER / bundle.name
     if _intact(dest, store):
         return dest
-    return write_repository(bundle, dest)
+    with store.lock(f"triton.{bundle.name}"):  # concurrent builds: one writes, the others find it intact
+        if _intact(dest, store):
+            return dest
+        return write_repository(bundle, dest)
 
 
 def _intact(dest: Path, store: Store) -> bool:
