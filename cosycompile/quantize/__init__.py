@@ -39,6 +39,7 @@ class QuantizerInfo:
     stages: tuple[str, ...] | None = None  # None: every stage with quantizable ONNX graphs
     weight_only: tuple[str, ...] = ()  # formats calibrated from weights alone (no recorded activations)
     check: Callable[[Any, str], tuple[str, str] | None] | None = None  # (spec, stage) -> (key, reason)
+    backends: tuple[str, ...] | None = None  # the engine backends that run what it writes (None: any)
     quantize: str = ".quantize:quantize"
     name: str = ""
     package: str = ""

@@ -315,6 +315,9 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
             quantizer = chosen
             qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
             problem2 = quantizer.check(qspec, name) if quantizer.check else None
+            if problem2 is None and quantizer.backends is not None and info.name not in quantizer.backends:
+                problem2 = ("quantizer", f"quantizer '{quantizer.name}' writes ops only {', '.join(quantizer.backends)} "
+                                         f"runs; backend '{info.name}' cannot run them")
             if problem2 is None and target_problem(fmt, target):
                 problem2 = ("format", target_problem(fmt, target) or "")
             if problem2 is None and info.check_format is not None:

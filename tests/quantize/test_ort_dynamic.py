@@ -1,0 +1,67 @@
+"""ONNX Runtime dynamic INT8 for the flow estimator: a quantizer chosen by name, no calibration
+step, integer MatMuls in the graph, and its quality measured by the flow check against FP32."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import EVAL_SET, REPO, run_cli, write_recipe
+
+
+def _recipe(tmp: Path, quantize: dict, backend: str = "onnxruntime") -> Path:
+    return write_recipe(tmp / "dyn.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "flow-dynamic",
+        "stages": {"llm": {"enabled": False}, "hift": {"enabled": False},
+                   "flow": {"quantize": quantize, "engine": {"backend": backend}}},
+        "validation": {"eval_set": str(EVAL_SET), "max_items": 1,
+                       "speed": {"warmup": 0, "runs": 1, "throughput": []},
+                       "gate": {"min": {"flow.mel_snr_db": 20.0}}},
+    }, base=False)
+
+
+@pytest.fixture(scope="module")
+def dynamic_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("dyn")
+    recipe = _recipe(tmp, {"format": "int8", "quantizer": "ort_dynamic"})
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp / "art"))
+    return {"res": res, "art": tmp / "art"}
+
+
+def test_dynamic_int8_flow_builds_and_holds_quality(dynamic_build: dict) -> None:
+    res = dynamic_build["res"]
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    ran = next(ln for ln in res.stdout.splitlines() if ln.startswith("built ")).split("ran: ", 1)[1].split(", ")
+    assert "calibrate" not in ran and "flow.quantize" in ran  # ranges come from the tensors at run time
+    bundle = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")).split(": ", 1)[1])
+    import onnx
+
+    graphs = json.loads((bundle / "engines" / "flow" / "graphs.json").read_text())["graphs"]
+    est = onnx.load(str(bundle / "engines" / "flow" / graphs["flow_estimator"]["file"]), load_external_data=False)
+    ops = [n.op_type for n in est.graph.node]
+    # The engine is ONNX Runtime's optimized graph: it fuses the dynamic quantization into its contrib ops.
+    integer = sum(ops.count(op) for op in ("MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul"))
+    assert integer >= 4 and "QuantizeLinear" not in ops, sorted(set(ops))
+    flow = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
+    assert flow["cfm_mel_snr_db_min"] >= 20.0, flow  # the tiny model's mel after the 10-step CFM vs FP32
+    assert flow["speedup_vs_fp32"] > 0
+
+
+@pytest.mark.parametrize("quantize,backend,expected", [
+    ({"format": "int8", "quantizer": "ort_dynamic", "method": "max"}, "onnxruntime", "stages.flow.quantize.method"),
+    ({"format": "fp8", "quantizer": "ort_dynamic"}, "onnxruntime", "cannot produce 'fp8'"),
+    ({"format": "int8", "quantizer": "ort_dynamic", "op_types": ["Softmax"]}, "onnxruntime", "op_types"),
+])
+def test_dynamic_spec_errors(tmp_path: Path, quantize: dict, backend: str, expected: str) -> None:
+    res = run_cli("plan", str(_recipe(tmp_path, quantize, backend)), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and expected in res.stderr, res.stderr
+
+
+def test_dynamic_ops_refused_on_tensorrt(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "rtx.yaml", {
+        "extends": str(REPO / "recipes" / "rtx4090-fp16.yaml"), "name": "rtx-dyn",
+        "stages": {"flow": {"quantize": {"format": "int8", "quantizer": "ort_dynamic"}}}}, base=False)
+    res = run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "quantizer 'ort_dynamic' writes ops only onnxruntime runs" in res.stderr, res.stderr
