@@ -176,7 +176,7 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> Located:
 
 
 def _replace_changed_quantize(base: Located, child: Located) -> None:
-    """A child recipe that sets another ``quantize.format`` than its parent gets its own quantize block:
+    """A child recipe that sets another ``quantize.format`` (or ``quantizer``) than its parent gets its own quantize block:
     the parent's settings belong to the parent's quantizer (``alpha`` means nothing to fp32), so a deep
     merge would only carry dead keys. A block without ``format`` (e.g. shared ``exports``) still merges."""
     b_stages, c_stages = base.data.get("stages"), child.data.get("stages")
@@ -187,8 +187,10 @@ def _replace_changed_quantize(base: Located, child: Located) -> None:
         if not (isinstance(b_stage, dict) and isinstance(c_stage, dict)):
             continue
         bq, cq = b_stage.get("quantize"), c_stage.get("quantize")
-        if isinstance(bq, dict) and isinstance(cq, dict) and "format" in bq and "format" in cq \
-                and bq["format"] != cq["format"]:
+        if not (isinstance(bq, dict) and isinstance(cq, dict) and "format" in bq and "format" in cq):
+            continue
+        # Another quantizer for the same format is just as foreign to the parent's settings.
+        if bq["format"] != cq["format"] or cq.get("quantizer", bq.get("quantizer")) != bq.get("quantizer"):
             del b_stage["quantize"]
 
 

@@ -65,3 +65,14 @@ def test_dynamic_ops_refused_on_tensorrt(tmp_path: Path) -> None:
         "stages": {"flow": {"quantize": {"format": "int8", "quantizer": "ort_dynamic"}}}}, base=False)
     res = run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art"))
     assert res.returncode == 2 and "quantizer 'ort_dynamic' writes ops only onnxruntime runs" in res.stderr, res.stderr
+
+
+def test_child_recipe_switching_quantizer_gets_its_own_block() -> None:
+    """cpu-int8-dynamic extends cpu-int8 (ModelOpt static, method + exclude) and names another
+    quantizer for the same format: the parent's ModelOpt keys are not merged into it."""
+    from cosycompile.recipe.schema import load_recipe
+
+    r = load_recipe(REPO / "recipes" / "cpu-int8-dynamic.yaml")
+    spec = r.typed("flow")["quantize"]
+    assert r.typed("flow")["quantizer"].name == "ort_dynamic" and spec.exclude == []
+    assert r.typed("llm")["quantize"].format == "int8_sq"  # the other stages still inherit
