@@ -1,8 +1,9 @@
 """`make bench`: every benchmark of the project, each measuring its ratios within one run.
 
-Runs bench/quantized_speed.py for the INT8 and INT4 CPU recipes on builtin:random-0.5b (interleaved
-FP32/quantized pairs) and bench/reference_reuse.py (validation time of a second recipe on the same
-model) and prints their tables; copy the figures into docs/BENCHMARKS.md together with the command
+Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
+builtin:random-0.5b (interleaved FP32/quantized pairs), bench/reference_reuse.py (validation time of
+a second recipe on the same model), bench/end_to_end.py (offline RTF and first chunk against the
+FP32 reference in the same run) and bench/noop_rebuild.py, and prints their tables; copy the figures into docs/BENCHMARKS.md together with the command
 and the machine.
 """
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> int:
     rc = 0
-    for recipe in ("cpu-int8", "cpu-int4"):
+    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4"):
         cmd = [sys.executable, str(REPO / "bench" / "quantized_speed.py"), "--recipe",
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
@@ -26,6 +27,13 @@ def main() -> int:
     # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
     fresh = REPO / "artifacts" / "bench" / f"reference-reuse-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
+    print("$", " ".join(cmd), flush=True)
+    rc |= subprocess.call(cmd)
+    for recipe in ("cpu-int8", "cpu-int8-dynamic"):
+        cmd = [sys.executable, str(REPO / "bench" / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{recipe}.yaml")]
+        print("$", " ".join(cmd), flush=True)
+        rc |= subprocess.call(cmd)
+    cmd = [sys.executable, str(REPO / "bench" / "noop_rebuild.py")]
     print("$", " ".join(cmd), flush=True)
     rc |= subprocess.call(cmd)
     return rc
