@@ -53,7 +53,9 @@ def test_gpu_recipe_checkpoints_carry_quantization(name: str, gpu_builds: dict) 
     if algo == "W4A16_AWQ":
         assert trt["quantization"]["group_size"] == 128 and trt["quantization"]["pre_quant_scale"] is True
     assert (llm / "trtllm" / "rank0.safetensors").is_file()
-    assert (llm / "hf" / "speech_heads.safetensors").is_file()
+    # The HF checkpoint is the vocabulary-merge rewrite (stages/llm/hf_rewrite.py), lm_head unquantized.
+    assert hf["vocab_size"] % 128 == 0 and "lm_head" in hf["quantization_config"]["ignore"]
+    assert (llm / "hf" / "cosycompile_llm.json").is_file() and (llm / "hf" / "prefix_embeddings.safetensors").is_file()
 
 
 @pytest.mark.parametrize("name", list(GPU_RECIPES))

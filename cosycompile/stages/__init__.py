@@ -31,6 +31,9 @@ class StageInfo:
     metrics: tuple[Metric, ...]
     runtime: str  # "module:Class" of the torch-free runtime built over the graphs' runners
     export: str = ".export:export"
+    # The export for backends that consume a checkpoint (``BackendInfo.consumes == "checkpoint"``),
+    # e.g. the LLM's HF rewrite; None: the stage cannot feed such a backend.
+    checkpoint_export: str | None = None
     modules: str = ".export:stage_parts"  # (modules, assets, info) of the PyTorch network
     check: str = ".check:check"
     reference: str = ".check:reference"

@@ -5,11 +5,16 @@ Outputs (the step's data dir):
   runs on a CPU. int8_sq: ModelOpt's Q/DQ export (static per-tensor activations, per-channel
   weights). int8_wo / int4_awq: ModelOpt's calibrated weights (AWQ scales and clipping applied,
   fake-quant folded), packed into ONNX Runtime's MatMulNBits (8 or 4 bits, same block size).
-- ``hf/``: a ModelOpt unified HF checkpoint of the Qwen2 body (+ ``speech_heads.safetensors``).
-- ``trtllm/``: a TensorRT-LLM checkpoint (``config.json`` + ``rank0.safetensors``).
+- ``hf/``: the vocabulary-merge rewrite (``stages/llm/hf_rewrite.py``: speech tokens in the
+  vocabulary, ``lm_head`` = the speech head with a -inf bias elsewhere) of the quantized LM, written
+  by ModelOpt's unified HF export, so ``config.json`` carries ``quantization_config`` (and
+  ``hf_quant_config.json`` its algorithm) for TensorRT-LLM's PyTorch backend, vLLM or SGLang.
+- ``trtllm/``: the same rewrite as a TensorRT-LLM checkpoint (``config.json`` + ``rank0.safetensors``)
+  for ``trtllm-build`` (TensorRT-LLM <= 1.2).
 
-The speech-token head (``llm_decoder``) and the embedding tables stay FP32: they are small and
-the head decides every token.
+The speech-token head (``llm_decoder``, the rewrite's ``lm_head``) and the embedding tables are not
+quantized: they are small and the head decides every token (the rewrite's new ``lm_head`` and
+``embed_tokens`` are plain modules, so ModelOpt never sees them as quantizable).
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from cosycompile.quantize.calibrate import load_records
 
 _CONFIGS = {"int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG", "int4_awq": "INT4_AWQ_CFG",
             "w4a8_awq": "W4A8_AWQ_BETA_CFG", "fp8": "FP8_DEFAULT_CFG"}
-_HF_ALGO_DTYPE = "float16"
+# Unquantized tensors of the checkpoints: Qwen2 is trained in bf16 (upstream's HF export and
+# run.sh's trtllm-build use bfloat16); fp16 risks overflow in the residual stream.
+_CHECKPOINT_DTYPE = "bfloat16"
 
 
 def quant_config(p: dict[str, Any]) -> dict[str, Any]:
@@ -129,9 +136,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     meta: dict[str, Any] = {"format": p["format"], "calib_sequences": len(records)}
 
     if "hf" in p["exports"]:
-        meta["hf"] = _export_hf(copy.deepcopy(lm), ctx.out / "hf")
+        meta["hf"] = _export_hf(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "hf")
     if "trtllm" in p["exports"]:
-        meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), ctx.out / "trtllm")
+        meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "trtllm")
     if "onnx" in p["exports"]:
         meta["onnx"] = _export_onnx(lm, models, p, ctx)
         _, assets, info = stage_parts(models)
@@ -144,42 +151,72 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
             gd.assets[name] = f"{name}.npy"
         gd.write()
     else:  # checkpoint-only build (GPU recipes): still a graphs dir, with no graphs
-        GraphsDir(ctx.out, "llm", {}, {}, dict(stage_parts(models)[2], precision=p["format"])).write()
+        info = dict(stage_parts(models)[2], precision=p["format"])
+        if "hf" in p["exports"]:
+            info["checkpoint"] = "hf"  # what a checkpoint backend reads (stages/llm/hf_rewrite.py)
+        GraphsDir(ctx.out, "llm", {}, {}, info).write()
     (ctx.out / "quantization.json").write_text(json.dumps(meta, indent=1, sort_keys=True, default=str))
     return meta
 
 
-def _speech_heads(lm: Any) -> dict[str, Any]:
-    return {"llm_embedding.weight": lm.llm_embedding.weight.detach().clone(),
-            "speech_embedding.weight": lm.speech_embedding.weight.detach().clone(),
-            "llm_decoder.weight": lm.llm_decoder.weight.detach().clone(),
-            "llm_decoder.bias": lm.llm_decoder.bias.detach().clone()}
-
-
-def _export_hf(lm: Any, out: Path) -> dict[str, Any]:
-    """ModelOpt unified HF checkpoint of the Qwen2 body; CosyVoice's heads beside it."""
+def _export_hf(lm: Any, cfg: Any, root: Path, out: Path) -> dict[str, Any]:
+    """ModelOpt unified HF checkpoint of the rewrite of ``lm`` (a quantized copy, rewritten in place)."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from safetensors.torch import save_file
 
+    from cosycompile.stages.llm.hf_rewrite import finish_dir, rewrite_model, text_tokenizer, token_map
+
+    tokenizer = text_tokenizer(root)
+    tmap = token_map(cfg, tokenizer)
+    model = rewrite_model(lm, tmap)
     out.mkdir(parents=True)
-    export_hf_checkpoint(lm.qwen, dtype=torch.float16, export_dir=str(out))
-    save_file(_speech_heads(lm), str(out / "speech_heads.safetensors"))
-    cfg = json.loads((out / "config.json").read_text())
-    return {"quantization_config": cfg.get("quantization_config")}
+    export_hf_checkpoint(model, dtype=getattr(torch, _CHECKPOINT_DTYPE), export_dir=str(out))
+    _exclude_lm_head(out)
+    config = json.loads((out / "config.json").read_text())
+    quant = config.get("quantization_config")
+    # ModelOpt 0.47 keeps the unquantized tensors (lm_head, embeddings, norms) in the model's own
+    # dtype (float32 here) whatever ``dtype`` says; record what was written, servers cast at load.
+    finish_dir(out, lm, cfg, tmap, tokenizer, str(config.get("dtype") or config.get("torch_dtype")), quant)
+    return {"quantization_config": quant, "token_map": tmap.as_json()}
 
 
-def _export_trtllm(lm: Any, out: Path) -> dict[str, Any]:
+def _exclude_lm_head(out: Path) -> None:
+    """Name ``lm_head`` among the unquantized modules of both quantization configs.
+
+    ModelOpt lists only modules it wrapped with disabled quantizers; the rewrite's ``lm_head`` is a
+    plain Linear it never saw, so a server applying the checkpoint's algorithm to every Linear not
+    excluded would quantize the speech head.
+    """
+    config_path, hf_quant_path = out / "config.json", out / "hf_quant_config.json"
+    config = json.loads(config_path.read_text())
+    qc = config.get("quantization_config") or {}
+    if "lm_head" not in qc.setdefault("ignore", []):
+        qc["ignore"].append("lm_head")
+    config["quantization_config"] = qc
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+    if hf_quant_path.is_file():
+        hq = json.loads(hf_quant_path.read_text())
+        excl = hq.setdefault("quantization", {}).setdefault("exclude_modules", [])
+        if "lm_head" not in excl:
+            excl.append("lm_head")
+        hf_quant_path.write_text(json.dumps(hq, indent=2, sort_keys=True))
+
+
+def _export_trtllm(lm: Any, cfg: Any, root: Path, out: Path) -> dict[str, Any]:
+    """TensorRT-LLM checkpoint of the rewrite of ``lm`` (for ``trtllm-build``, TensorRT-LLM <= 1.2)."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
-    from safetensors.torch import save_file
 
+    from cosycompile.stages.llm.hf_rewrite import TOKEN_MAP_FILE, rewrite_model, text_tokenizer, token_map
+
+    tmap = token_map(cfg, text_tokenizer(root))
+    model = rewrite_model(lm, tmap)
     out.mkdir(parents=True)
-    export_tensorrt_llm_checkpoint(lm.qwen, decoder_type="qwen", dtype=torch.float16, export_dir=str(out),
-                                   inference_tensor_parallel=1)
-    save_file(_speech_heads(lm), str(out / "speech_heads.safetensors"))
-    cfg = json.loads((out / "config.json").read_text())
-    return {"quantization": cfg.get("quantization")}
+    export_tensorrt_llm_checkpoint(model, decoder_type="qwen", dtype=getattr(torch, _CHECKPOINT_DTYPE),
+                                   export_dir=str(out), inference_tensor_parallel=1)
+    (out / TOKEN_MAP_FILE).write_text(json.dumps({"token_map": tmap.as_json()}, indent=1, sort_keys=True))
+    cfg_out = json.loads((out / "config.json").read_text())
+    return {"quantization": cfg_out.get("quantization"), "token_map": tmap.as_json()}
 
 
 def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> dict[str, Any]:

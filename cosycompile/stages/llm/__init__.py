@@ -50,4 +50,5 @@ PLUGIN = StageInfo(
         Metric("speedup_vs_fp32", "speedup_vs_fp32", True, "x", "speed", "decode steps vs the FP32 engine"),
     ),
     runtime="cosycompile.runtime.pipeline:LLMRuntime",
+    checkpoint_export=".hf_rewrite:export_checkpoint",
 )
