@@ -3,8 +3,8 @@
 Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
 builtin:random-0.5b (interleaved FP32/quantized pairs), bench/reference_reuse.py (validation time of
 a second recipe on the same model), bench/end_to_end.py (offline RTF and first chunk against the
-FP32 reference in the same run) and bench/noop_rebuild.py, and prints their tables; copy the figures into docs/BENCHMARKS.md together with the command
-and the machine.
+FP32 reference in the same run) and bench/noop_rebuild.py, and prints their tables; copy the
+figures into docs/BENCHMARKS.md together with the command and the machine.
 """
 
 from __future__ import annotations
