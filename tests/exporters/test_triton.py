@@ -293,11 +293,14 @@ def _gpu_bundle(root: Path, trtllm_version: str = "1.2.0") -> Path:
                                                    "precision": "int8", "options": {}, "graphs": described}))
     llm = bundle / "engines" / "llm"
     llm.mkdir(parents=True)
-    (llm / "rank0.engine").write_bytes(b"not a real engine")
-    (llm / "config.json").write_text("{}")
+    # The layout backends/trtllm writes for TensorRT-LLM <= 1.2: trtllm-build's output under engine_dir.
+    (llm / "engine").mkdir()
+    (llm / "engine" / "rank0.engine").write_bytes(b"not a real engine")
+    (llm / "engine" / "config.json").write_text("{}")
     (llm / "engine.json").write_text(json.dumps({"backend": "trtllm", "target": "l20", "compute_capability": "sm89",
                                                  "precision": "int8_sq", "tensorrt_llm": trtllm_version,
-                                                 "options": {"max_batch_size": 16}, "graphs": {}}))
+                                                 "engine_dir": "engine", "options": {"max_batch_size": 16},
+                                                 "graphs": {}}))
     (bundle / "frontend" / "CosyVoice-BlankEN").mkdir(parents=True)
     for rel in ("frontend/campplus.onnx", "frontend/speech_tokenizer_v2.onnx", "frontend/builtin.json",
                 "frontend/CosyVoice-BlankEN/config.json"):
@@ -351,7 +354,7 @@ def test_gpu_configs_parse_and_match_the_passports(tmp_path: Path, llm_url: str 
         trt = parsed["tensorrt_llm"]
         assert trt.backend == "tensorrtllm" and trt.max_batch_size == 16 and trt.model_transaction_policy.decoupled
         engine = Path(trt.parameters["gpt_model_path"].string_value)
-        assert engine == out.resolve() / "tensorrt_llm" / "1" / "engine" and (engine / "rank0.engine").is_file()
+        assert engine == out.resolve() / "tensorrt_llm" / "1" / "engine" / "engine" and (engine / "rank0.engine").is_file()
     for model in ("cosyvoice2", "audio_tokenizer", "speaker_embedding", "token2wav"):
         compile((out / model / "1" / "model.py").read_text(), model, "exec")
 

@@ -117,7 +117,10 @@ def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelC
             raise UserError(f"{w.bundle / 'engines' / stage / 'engine.json'}: no spec of graph '{graph}'")
         configs.append((trt_config(model, spec), f"TensorRT engine {stage}/{graph}{PLAN_SUFFIX}"))
     if options.llm_url is None:
-        configs.append((trtllm_config(passports["llm"], out.resolve() / "tensorrt_llm" / "1" / "engine"),
+        # The bundle's llm engine dir is linked as tensorrt_llm/1/engine; trtllm-build's output is the
+        # sub-folder its passport names (``engine_dir``).
+        engine = out.resolve() / "tensorrt_llm" / "1" / "engine" / str(passports["llm"].get("engine_dir", ""))
+        configs.append((trtllm_config(passports["llm"], engine),
                         "TensorRT-LLM engine of the LM"))
     return configs
 
