@@ -23,6 +23,8 @@ examples:
   cosycompile plan recipes/cpu-fp32.yaml           show what would run and why (no work)
   cosycompile init-model builtin:tiny --out m/     write a built-in model as a checkpoint dir
   cosycompile cache verify --full                  re-hash every cache entry
+  cosycompile build R.yaml --cache-remote s3://bucket/cosy   share steps through an S3-compatible store
+  cosycompile cache push BUNDLE --cache-remote URL  upload the cache entries a bundle was built from
   cosycompile pack BUNDLE -o bundle.tar.gz         one verified archive of a bundle
   cosycompile unpack bundle.tar.gz DIR             unpack it on another machine (all or nothing)
   cosycompile synthesize DIR --text "Hello." --out hello.wav   text -> wav with the bundle alone
@@ -38,6 +40,14 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artifacts", type=Path, default=Path("artifacts"), metavar="DIR",
                    help="cache and build output folder (default: ./artifacts)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the result")
+
+
+def _add_remote(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-remote", metavar="URL", default=None,
+                   help="shared remote cache, e.g. s3://bucket/prefix or file:///shared/cache (default: "
+                        "$COSYCOMPILE_CACHE_REMOTE; '' for none). Missing steps are pulled and verified, built "
+                        "steps pushed; S3 credentials and endpoint come from the AWS environment "
+                        "(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass the gate for engines this machine cannot run (the bundle says 'built, not validated "
                         "here'; run `cosycompile validate BUNDLE` on a machine that can)")
     _add_common(p)
+    _add_remote(p)
 
     p = sub.add_parser("plan", help="show the steps of a recipe, their keys, and which would run and why",
                        description="Work out every step's content key and compare with the cache. No work is done.")
@@ -69,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--todo", action="store_true",
                    help="list only the steps that would run (after a split build: the ones left)")
     _add_common(p)
+    _add_remote(p)
 
     p = sub.add_parser("init-model", help="write a built-in model as a CosyVoice2 checkpoint dir",
                        description="Write builtin:tiny or builtin:random-0.5b in the real layout "
@@ -121,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--older-than", metavar="AGE", help="remove entries unused for longer than this, e.g. 30d, 12h")
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     _add_common(gc)
+    push = csub.add_parser("push", help="upload a bundle's cache entries to the remote cache",
+                           description="Push every cache entry BUNDLE was built from (its manifest's steps) to the "
+                                       "remote cache: blobs the remote lacks, then each action entry unless the "
+                                       "remote already has one for that key (the first writer wins).")
+    push.add_argument("bundle", type=Path, help="bundle dir (builds/<name>-<key12>/)")
+    _add_common(push)
+    _add_remote(push)
+    pull = csub.add_parser("pull", help="download a bundle's (or one key's) cache entries from the remote cache",
+                           description="Pull the cache entries BUNDLE was built from (or the entry of KEY) into the "
+                                       "local cache, verifying every blob, so later builds reuse them.")
+    pull.add_argument("what", metavar="BUNDLE-or-KEY", help="bundle dir, or a full 64-hex step key")
+    _add_common(pull)
+    _add_remote(pull)
 
     p = sub.add_parser("pack", help="pack a bundle into one deterministic .tar.gz (every file checked against "
                                     "manifest.json)",
@@ -246,7 +271,9 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     plan = plan_build(recipe, until=until)
     store = Store(args.artifacts)
     reporter = Reporter(quiet=args.quiet)
-    ex = executor(plan, store, reporter, force=args.force)
+    from cosycompile.cache.remote import remote_from
+
+    ex = executor(plan, store, reporter, force=args.force, remote=remote_from(args.cache_remote))
     if args.command == "plan":
         items = ex.plan()
         w = max(len(i.step.name) for i in items)
@@ -257,12 +284,14 @@ def _build_or_plan(args: argparse.Namespace) -> int:
         for i in items:
             if i.cached and args.todo:
                 continue
-            state = "cached" if i.cached else "LEFT  " if i.left else "RUN   "
+            state = "cached" if i.cached else "remote" if i.remote else "LEFT  " if i.left else "RUN   "
             why = "" if i.cached else f"  because: {i.reason}"
             print(f"  {state} {i.step.name:<{w}}  {i.key[:12]}  {i.step.describe}{why}")
         print(f"bundle: {bundle_dir(plan, store)}")
         return 0
     result = ex.run()
+    if result.pulled:
+        print(f"pulled from the remote cache: {', '.join(result.pulled)}")
     if result.left:
         return _split_build(args, recipe.name, result, time.perf_counter() - t0)
     if until is not None:
@@ -443,6 +472,10 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               f"({res.kept_bytes / 1e6:.1f} MB, {res.pinned} needed by bundles under builds/)"
               + (f"; {res.stale_staging} stale staging dirs removed" if res.stale_staging else ""))
         return 0
+    if args.cache_command in ("push", "pull"):
+        from cosycompile.commands import cache_remote
+
+        return cache_remote.run(args, store)
     return 2
 
 

@@ -131,33 +131,42 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         spec = recipe.stage(name)
         typed = recipe.typed(name)
         binfo, qinfo, qspec = typed["backend"], typed["quantizer"], typed["quantize"]
+        # A backend that consumes a checkpoint gets the stage's checkpoint export (no ONNX, no simplify).
+        checkpoint = binfo.consumes == "checkpoint"
+        if checkpoint and sinfo.checkpoint_export is None:
+            raise ModelError(f"{recipe.source}: stage '{name}' has no checkpoint export for backend '{binfo.name}'")
+        hook = "checkpoint_export" if checkpoint else "export"
         export = Step(
-            name=f"{name}.export", kind=f"{name}.export", run=lazy(sinfo.ref("export")),
-            code=_module_roots(sinfo, "modules"), params={"opset": spec.export.opset},
-            tools=TORCH_TOOLS, describe=f"export {sinfo.summary} to ONNX",
+            name=f"{name}.export", kind=f"{name}.export" + (".checkpoint" if checkpoint else ""),
+            run=lazy(sinfo.ref(hook)), code=_module_roots(sinfo, "modules", hook),
+            params={} if checkpoint else {"opset": spec.export.opset}, tools=TORCH_TOOLS,
+            describe=f"export {sinfo.summary} " + ("as a checkpoint" if checkpoint else "to ONNX"),
         )
-        model.attach(export, sinfo.model_files)
+        model.attach(export, sinfo.model_files + (FRONTEND_FILES if checkpoint else ()))
         if model.root is not None:
             export.preflight = _checkpoint_preflight(model.root, name)
-        simplify = Step(
-            name=f"{name}.simplify", kind="onnx.simplify", run=lazy("cosycompile.onnx.simplify:simplify"),
-            params={"method": spec.export.simplify}, deps={"graphs": export},
-            tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
-        )
-        steps = {"export": export, "simplify": simplify}
-        graphs = simplify
+        steps = {"export": export}
+        graphs = export
+        if not checkpoint:
+            graphs = steps["simplify"] = Step(
+                name=f"{name}.simplify", kind="onnx.simplify", run=lazy("cosycompile.onnx.simplify:simplify"),
+                params={"method": spec.export.simplify}, deps={"graphs": export},
+                tools=("onnx", "onnxslim", "onnxsim"), describe=f"simplify the {name} graphs",
+            )
+        unquantized = graphs
         if qinfo is not None:
             quantize = Step(
                 name=f"{name}.quantize", kind=f"quantize.{qinfo.name}", run=lazy(qinfo.ref("quantize")),
                 code=_module_roots(sinfo, "modules"),
                 params={"stage": name, "opset": spec.export.opset, "target_kind": target.kind},
-                spec=qspec, deps={"graphs": simplify}, tools=qinfo.tools, target=target.name,
+                spec=qspec, deps={"graphs": unquantized}, tools=qinfo.tools, target=target.name,
                 describe=f"quantize {name} to {qspec.format} with {qinfo.name}",
             )
             if qinfo.needs_calibration(qspec.format):
                 assert calibrate is not None
                 quantize.deps["calib"] = calibrate
-            model.attach(quantize, sinfo.model_files)
+            # The checkpoint exports read the front end's tokenizer (it sets the merged vocabulary).
+            model.attach(quantize, sinfo.model_files + (FRONTEND_FILES if checkpoint else ()))
             if getattr(qspec, "exclude", None) and qinfo.stages is not None:
                 source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
                 quantize.preflight = _exclusion_preflight(qinfo, source, list(qspec.exclude))
@@ -181,7 +190,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         if qinfo is not None and engines_from is None:
             # Speed of a quantized engine is reported against the FP32 engine of the same backend.
             steps["engine_fp32"] = check.deps["fp32_engine"] = _engine_step(
-                name, binfo, typed["options"], "fp32", simplify, target.name, suffix=".fp32")
+                name, binfo, typed["options"], "fp32", unquantized, target.name, suffix=".fp32")
         model.attach(check, sinfo.model_files + FRONTEND_FILES)
         check.files["eval"] = (eval_set.root, eval_files)
         steps["check"] = check
@@ -343,9 +352,10 @@ def _exclusion_preflight(qinfo: Any, source: Any, patterns: list[str]) -> Callab
     return check
 
 
-def executor(plan: BuildPlan, store: Any, reporter: Any, force: bool = False) -> Any:
-    """An Executor for the plan, remembering state per recipe name (to explain rebuilds)."""
+def executor(plan: BuildPlan, store: Any, reporter: Any, force: bool = False, remote: Any = None) -> Any:
+    """An Executor for the plan, remembering state per recipe name (to explain rebuilds); ``remote``
+    is an optional :class:`cosycompile.cache.remote.RemoteCache` shared with other machines."""
     from cosycompile.core.graph import Executor, StateFile
 
     state = StateFile(store.root / "state" / f"{plan.recipe.name}.json")
-    return Executor(store, plan.steps, state, reporter, force=force)
+    return Executor(store, plan.steps, state, reporter, force=force, remote=remote)

@@ -13,12 +13,28 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from cosycompile.cache.local import Entry, Store
 from cosycompile.core.hashing import digest_files, digest_obj, tool_versions
 
 T = TypeVar("T")
+
+
+class RemoteTier(Protocol):
+    """What the executor needs of a remote cache (``cosycompile.cache.remote.RemoteCache``).
+
+    Named structurally, not imported: this module is in every step's code digest, and how entries
+    travel to other machines must not change any key.
+    """
+
+    url: str
+
+    def has(self, key: str) -> bool: ...
+
+    def pull(self, store: Store, key: str) -> Entry | None: ...
+
+    def push(self, store: Store, entry: Entry) -> Any: ...
 
 
 @dataclass
@@ -167,6 +183,7 @@ class PlanItem:
     cached: bool
     reason: str
     left: bool = False  # would not run here: blocked on this machine or downstream of a blocked step
+    remote: bool = False  # not cached here, but the remote cache has it: a build pulls it
 
 
 @dataclass
@@ -176,6 +193,7 @@ class BuildResult:
     entries: dict[str, Entry]
     seconds: dict[str, float]
     left: dict[str, str] = field(default_factory=dict)  # steps this machine could not run -> why
+    pulled: list[str] = field(default_factory=list)  # taken from the remote cache (neither ran nor cached here)
 
 
 class Reporter:
@@ -190,6 +208,10 @@ class Reporter:
     def line(self, msg: str) -> None:
         if not self.quiet:
             print(msg, file=self.stream, flush=True)
+
+    def warn(self, msg: str) -> None:
+        """A warning line, printed even with ``--quiet``."""
+        print(f"warning: {msg}", file=self.stream, flush=True)
 
     def detail(self, step: str, msg: str) -> None:
         self.line(f"      {step}: {msg}")
@@ -256,10 +278,16 @@ def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 class Executor:
-    """Plans and runs a set of target steps against a store."""
+    """Plans and runs a set of target steps against a store.
+
+    With a ``remote`` cache, a step missing from the store is pulled from the remote (verified and
+    committed into the store) before anything runs, and every step built here is pushed after its
+    commit. The store stays the only thing steps read from. Any remote failure prints one warning
+    and the rest of the build goes on with the local store alone.
+    """
 
     def __init__(self, store: Store, targets: list[Step], state: StateFile, reporter: Reporter,
-                 force: bool = False) -> None:
+                 force: bool = False, remote: RemoteTier | None = None) -> None:
         from cosycompile.core.keys import set_persistent_cache
 
         self.store = store
@@ -268,6 +296,54 @@ class Executor:
         self.state = state
         self.reporter = reporter
         self.force = force
+        self.remote = remote
+
+    def _remote_call(self, what: str, fn: Callable[[], T]) -> T | None:
+        """Run one remote operation; on failure warn once, drop the remote for the rest of this
+        build (so a dead server costs one timeout, not one per step) and return None. A corrupt
+        remote entry (an error with ``remote_usable`` set) only skips that entry."""
+        if self.remote is None:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - the remote is an optimisation; the build goes on locally
+            if getattr(exc, "remote_usable", False):
+                self.reporter.warn(f"remote cache {self.remote.url}: {what}: {exc}; building it here")
+                return None
+            text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            self.reporter.warn(f"remote cache {self.remote.url}: {what} failed ({text}); "
+                               "continuing with the local cache only")
+            self.remote = None
+        return None
+
+    def _pull_missing(self, missing: set[str]) -> tuple[set[str], dict[str, float]]:
+        """Pull every missing step the remote has, in dependency order, each under its key's lock.
+        Returns the steps now in the store (pulled, or built by another process meanwhile) and the
+        seconds each pull took."""
+        found: set[str] = set()
+        seconds: dict[str, float] = {}
+        if self.remote is None or self.force:
+            return found, seconds
+        for s in self.steps:
+            if s.name not in missing or self.remote is None:
+                continue
+            key = s.key(self.store)
+            t0 = time.perf_counter()
+            with self.store.lock(key):
+                if self.store.lookup(key) is not None:
+                    found.add(s.name)
+                    continue
+                remote = self.remote
+                entry = self._remote_call(f"pull of {s.name} ({key[:12]})", lambda: remote.pull(self.store, key))
+            if entry is not None:
+                found.add(s.name)
+                seconds[s.name] = time.perf_counter() - t0
+        return found, seconds
+
+    def _push(self, step: str, entry: Entry) -> None:
+        remote = self.remote
+        if remote is not None:
+            self._remote_call(f"push of {step} ({entry.key[:12]})", lambda: remote.push(self.store, entry))
 
     def plan(self) -> list[PlanItem]:
         """What would run and why, without running anything."""
@@ -277,15 +353,21 @@ class Executor:
             entry = None if self.force else self.store.lookup(key)
             if entry is not None:
                 items.append(PlanItem(s, key, True, "cached"))
+            elif not self.force and self.remote is not None and self._remote_has(s.name, key):
+                items.append(PlanItem(s, key, False, "in the remote cache (a build pulls it)", remote=True))
             else:
                 reason = "--force" if self.force else self.state.reason(s, s.components(self.store))
                 items.append(PlanItem(s, key, False, reason))
-        left = self._left({i.step.name for i in items if not i.cached})
+        left = self._left({i.step.name for i in items if not i.cached and not i.remote})
         for i in items:
             if i.step.name in left:
                 i.reason, i.left = f"{i.reason}; {left[i.step.name]}", True
         self.store.stat_cache.save()
         return items
+
+    def _remote_has(self, step: str, key: str) -> bool:
+        remote = self.remote
+        return bool(remote is not None and self._remote_call(f"lookup of {step}", lambda: remote.has(key)))
 
     def _left(self, missing: set[str]) -> dict[str, str]:
         """Steps among ``missing`` (no cache entry) that this machine cannot run: the blocked ones and
@@ -310,7 +392,11 @@ class Executor:
         cached: list[str] = []
         entries: dict[str, Entry] = {}
         seconds: dict[str, float] = {}
+        pulled_here: list[str] = []
         missing = {s.name for s in self.steps if self.force or self.store.lookup(s.key(self.store)) is None}
+        # Only a local miss asks the remote: a fully cached build makes no network call.
+        pulled, pull_seconds = self._pull_missing(missing) if missing else (set(), {})
+        missing -= pulled
         left = self._left(missing)
         # Bad inputs of steps that will run fail here, before any work and before any entry is written.
         for s in self.steps:
@@ -327,10 +413,14 @@ class Executor:
                 continue
             entry = None if self.force else self.store.lookup(key)
             if entry is not None:
-                cached.append(s.name)
                 entries[s.name] = entry
-                self.reporter.line(f"{tag}  cached   {key[:12]}")
                 self.state.record(s, comps)
+                if s.name in pull_seconds:
+                    pulled_here.append(s.name)
+                    self.reporter.line(f"{tag}  pulled   {key[:12]}  {pull_seconds[s.name]:.1f}s  (remote cache)")
+                    continue
+                cached.append(s.name)
+                self.reporter.line(f"{tag}  cached   {key[:12]}")
                 continue
             reason = "--force" if self.force else self.state.reason(s, comps)
             self.reporter.line(f"{tag}  running  ({reason})")
@@ -370,6 +460,8 @@ class Executor:
             seconds[s.name] = dt
             ran.append(s.name)
             self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s")
+            # After the commit, so the remote only ever gets complete, verified outputs.
+            self._push(s.name, entry)
         self.state.save()
         self.store.stat_cache.save()
-        return BuildResult(ran, cached, entries, seconds, left)
+        return BuildResult(ran, cached, entries, seconds, left, pulled_here)

@@ -1,0 +1,296 @@
+"""Remote tier of the cache: an action cache plus content-addressed blobs on any fsspec filesystem.
+
+Layout under the remote URL (the layout of Bazel's remote cache and DVC)::
+
+    <url>/ac/<key>.json            # the local entry.json body: files -> [size, sha256], step, meta
+    <url>/cas/<sha[:2]>/<sha256>   # each file's bytes, named by their digest
+
+URLs are whatever fsspec opens: ``s3://bucket/prefix`` (s3fs; credentials and the endpoint come
+from the usual AWS environment and config files: ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``,
+``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for an S3-compatible server), ``gs://...``,
+``file:///path`` or a plain path.
+
+Write order keeps the remote consistent without locks: a push uploads every blob first and the
+action entry last, with a conditional create (``If-None-Match: *``) so the first writer of a key
+wins and is never overwritten; an action entry therefore only ever names blobs that were already
+there. A pull downloads the blobs into a local staging dir, checks each one's size and sha256, and
+commits through :class:`Store` like a step that ran here, so a pulled entry is as trustworthy as a
+built one. Keys hash a step's inputs, so the remote is trusted to map a key to a correct output
+(as with any shared build cache); verification guards against corruption, not against writers.
+
+Nothing here imports fsspec until a remote call is made: a fully cached build never touches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cosycompile.cache.local import ENTRY_VERSION, Entry, Store
+from cosycompile.core.hashing import sha256_file
+
+ENV_VAR = "COSYCOMPILE_CACHE_REMOTE"
+_SHA = re.compile(r"[0-9a-f]{64}")
+# Fields of entry.json the local Store writes itself on commit.
+_STORE_FIELDS = ("version", "key", "created", "files")
+
+
+class RemoteError(Exception):
+    """The remote cache could not be used (unreachable, refused, misconfigured)."""
+
+
+class RemoteCorrupt(RemoteError):
+    """A remote entry that is malformed or whose blobs do not match their digests."""
+
+    remote_usable = True  # the executor skips this entry but keeps using the remote
+
+
+@dataclass
+class PushResult:
+    """What one push did: blobs uploaded or found, and whether our action entry was published."""
+
+    key: str
+    uploaded: int = 0
+    present: int = 0
+    bytes: int = 0
+    published: bool = False  # False: an entry for the key was already there (first writer wins)
+
+
+def remote_from(url: str | None) -> "RemoteCache | None":
+    """The remote named by ``url`` (``--cache-remote``), else by ``$COSYCOMPILE_CACHE_REMOTE``;
+    None when neither is set or the value is empty (an empty flag switches an env remote off)."""
+    value = os.environ.get(ENV_VAR, "") if url is None else url
+    return RemoteCache(value) if value.strip() else None
+
+
+class RemoteCache:
+    """A shared cache tier over an fsspec filesystem (see the module docstring for the layout)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = url.strip().rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._root = ""
+
+    def __repr__(self) -> str:
+        return f"RemoteCache({self.url!r})"
+
+    # -- filesystem ----------------------------------------------------------------------
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem, opened on first use (so a cached build never imports fsspec)."""
+        return self._open()[0]
+
+    def _open(self) -> tuple[Any, str]:
+        """(filesystem, root path inside it), opening the filesystem the first time."""
+        if self._fs is None:
+            try:
+                from fsspec.core import url_to_fs
+
+                fs, root = url_to_fs(self.url, **self._options())
+            except ImportError as exc:
+                raise RemoteError(f"cannot open {self.url}: {exc} (s3:// needs s3fs: "
+                                  "pip install 'cosycompile[remote]')") from None
+            except Exception as exc:
+                raise RemoteError(f"cannot open {self.url}: {_describe(exc)}") from exc
+            self._fs, self._root = fs, root.rstrip("/")
+        return self._fs, self._root
+
+    def _options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"skip_instance_cache": True}
+        if self.url.startswith(("s3://", "s3a://")):
+            # Fail fast when the server is down: the build goes on locally after one warning, so
+            # minutes of retries would only delay it. The AWS env settings still take precedence.
+            config: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 120}
+            if "AWS_MAX_ATTEMPTS" not in os.environ and "AWS_RETRY_MODE" not in os.environ:
+                config["retries"] = {"max_attempts": 3, "mode": "standard"}
+            opts["config_kwargs"] = config
+        opts.update(self.storage_options)
+        return opts
+
+    def _ac(self, key: str) -> str:
+        return f"{self._open()[1]}/ac/{key}.json"
+
+    def _cas(self, sha: str) -> str:
+        return f"{self._open()[1]}/cas/{sha[:2]}/{sha}"
+
+    @property
+    def _local(self) -> bool:
+        return bool(getattr(self.fs, "local_file", False))
+
+    # -- read ----------------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        """Whether the remote holds an action entry for ``key`` (its blobs are checked on pull)."""
+        return bool(self._call(self.fs.exists, self._ac(key)))
+
+    def read_entry(self, key: str) -> dict[str, Any] | None:
+        """The action entry of ``key``, checked for shape, or None if the remote has none."""
+        try:
+            raw = self._call(self.fs.cat_file, self._ac(key))
+        except FileNotFoundError:
+            return None
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise RemoteCorrupt(f"ac/{key[:12]}.json is not JSON") from None
+        _check_entry(key, body)
+        return body
+
+    def pull(self, store: Store, key: str) -> Entry | None:
+        """Download ``key``'s entry into ``store``, verifying every blob; None if the remote has none.
+
+        Call while holding ``store.lock(key)``. A blob that is missing or does not match its digest
+        raises :class:`RemoteCorrupt` and nothing is committed; a mismatching blob is deleted from
+        the remote (its content is not what its name says, so no entry can need it), which lets the
+        next push of the key upload it again.
+        """
+        body = self.read_entry(key)
+        if body is None:
+            return None
+        with store.staging(key) as stage:
+            data = stage / "data"
+            for rel, (size, sha) in sorted(body["files"].items()):
+                dest = data / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    self._call(self.fs.get_file, self._cas(sha), str(dest))
+                except FileNotFoundError:
+                    raise RemoteCorrupt(f"entry {key[:12]}: blob of {rel} is missing") from None
+                got_size = dest.stat().st_size
+                got_sha = sha256_file(dest)
+                if got_size != size or got_sha != sha:
+                    self._drop_bad_blob(sha)
+                    raise RemoteCorrupt(f"entry {key[:12]}: {rel} does not match its digest "
+                                        f"({got_size} bytes, sha256 {got_sha[:12]}; expected {size}, {sha[:12]})")
+            meta = {k: v for k, v in body.items() if k not in _STORE_FIELDS}
+            meta["pulled"] = {"from": self.url, "at": time.time()}
+            return store.commit(key, stage, meta)
+
+    def _drop_bad_blob(self, sha: str) -> None:
+        try:
+            self._call(self.fs.rm_file, self._cas(sha))
+        except Exception:
+            pass  # best effort: pulls verify anyway, and a read-only remote is still usable
+
+    # -- write ---------------------------------------------------------------------------
+    def push(self, store: Store, entry: Entry) -> PushResult:
+        """Upload ``entry``'s blobs that the remote lacks, then publish its action entry unless one exists.
+
+        Blobs go first, so an action entry never names a blob that is not there; a push cut off
+        half-way leaves only blobs, which a later push reuses.
+        """
+        res = PushResult(entry.key)
+        files: dict[str, list[Any]] = entry.meta["files"]
+        for rel, (size, sha) in sorted(files.items()):
+            if self._blob_size(sha) == size:
+                res.present += 1
+                continue
+            self._put_blob(entry.data / rel, sha)
+            res.uploaded += 1
+            res.bytes += size
+        body = json.dumps(entry.meta, indent=1, sort_keys=True).encode()
+        res.published = self._create(self._ac(entry.key), body)
+        return res
+
+    def _blob_size(self, sha: str) -> int | None:
+        try:
+            return int(self._call(self.fs.info, self._cas(sha))["size"])
+        except FileNotFoundError:
+            return None
+
+    def _put_blob(self, src: Path, sha: str) -> None:
+        dest = self._cas(sha)
+        if self._local:
+            # A local filesystem copies in place: write beside, then rename, so readers never see
+            # a partial blob. (An S3 PUT only becomes visible once complete.)
+            self.fs.makedirs(self.fs._parent(dest), exist_ok=True)
+            tmp = f"{dest}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            self.fs.put_file(str(src), tmp)
+            os.replace(tmp, dest)
+            return
+        self._call(self.fs.put_file, str(src), dest)
+
+    def _create(self, path: str, data: bytes) -> bool:
+        """Write ``path`` only if it does not exist; False when it does (someone else wrote it first)."""
+        if self._local:
+            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+            tmp = f"{path}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+            Path(tmp).write_bytes(data)
+            try:
+                os.link(tmp, path)  # atomic create-if-absent
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+            return True
+        try:
+            self._call(self.fs.pipe_file, path, data, mode="create")
+        except Exception as exc:
+            if _already_exists(exc):
+                return False
+            raise
+        return True
+
+    def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run one filesystem call; a missing file stays FileNotFoundError, an existing one stays
+        as raised (for :meth:`_create`), anything else is a :class:`RemoteError`."""
+        try:
+            return fn(*args, **kwargs)
+        except FileNotFoundError:
+            raise
+        except Exception as exc:
+            if _already_exists(exc):
+                raise
+            raise RemoteError(_describe(exc)) from exc
+
+
+def _check_entry(key: str, body: Any) -> None:
+    """Refuse an action entry that is not for ``key`` or names unsafe paths or bad digests."""
+    if not isinstance(body, dict) or body.get("key") != key or body.get("version") != ENTRY_VERSION:
+        raise RemoteCorrupt(f"ac/{key[:12]}.json does not describe key {key[:12]} (version {ENTRY_VERSION})")
+    files = body.get("files")
+    if not isinstance(files, dict):
+        raise RemoteCorrupt(f"ac/{key[:12]}.json has no file list")
+    for rel, val in files.items():
+        ok_val = (isinstance(val, list) and len(val) == 2 and isinstance(val[0], int) and val[0] >= 0
+                  and isinstance(val[1], str) and _SHA.fullmatch(val[1]) is not None)
+        if not ok_val or not _safe_rel(rel):
+            raise RemoteCorrupt(f"ac/{key[:12]}.json: bad file record {rel!r}")
+
+
+def _safe_rel(rel: Any) -> bool:
+    """A relative POSIX path that stays inside the entry's data dir."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel:
+        return False
+    parts = PurePosixPath(rel).parts
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+def _already_exists(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is a refused conditional create: HTTP 412 Precondition Failed,
+    or 409 ConditionalRequestConflict (a concurrent conditional write of the same key)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, FileExistsError):
+            return True
+        resp = getattr(cur, "response", None)
+        if isinstance(resp, dict):
+            code = resp.get("Error", {}).get("Code")
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if status == 412 or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return True
+        cur = cur.__cause__ or cur.__context__
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
