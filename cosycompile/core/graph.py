@@ -340,10 +340,30 @@ class Executor:
                 seconds[s.name] = time.perf_counter() - t0
         return found, seconds
 
+    def _pending(self, key: str) -> Path:
+        # A marker per entry built while a remote was set, removed once its push completed: a build
+        # killed mid-upload (or before it) leaves the marker, and the next build with a remote
+        # pushes that entry, which a local cache hit would otherwise never do.
+        return self.store.cache_dir / "push-pending" / key
+
     def _push(self, step: str, entry: Entry) -> None:
         remote = self.remote
-        if remote is not None:
-            self._remote_call(f"push of {step} ({entry.key[:12]})", lambda: remote.push(self.store, entry))
+        if remote is None:
+            return
+        if self._remote_call(f"push of {step} ({entry.key[:12]})", lambda: remote.push(self.store, entry)) is not None:
+            self._pending(entry.key).unlink(missing_ok=True)
+
+    def _push_pending(self) -> None:
+        """Push entries whose push an earlier build did not finish (nothing to do: no network call)."""
+        folder = self.store.cache_dir / "push-pending"
+        for marker in sorted(folder.glob("*")) if folder.is_dir() else []:
+            if self.remote is None:
+                return
+            entry = self.store.lookup(marker.name)
+            if entry is None:  # the step never finished: nothing to push
+                marker.unlink(missing_ok=True)
+                continue
+            self._push(str(entry.meta.get("step", marker.name[:12])), entry)
 
     def plan(self) -> list[PlanItem]:
         """What would run and why, without running anything."""
@@ -397,6 +417,8 @@ class Executor:
         # Only a local miss asks the remote: a fully cached build makes no network call.
         pulled, pull_seconds = self._pull_missing(missing) if missing else (set(), {})
         missing -= pulled
+        if self.remote is not None:
+            self._push_pending()
         left = self._left(missing)
         # Bad inputs of steps that will run fail here, before any work and before any entry is written.
         for s in self.steps:
@@ -424,6 +446,9 @@ class Executor:
                 continue
             reason = "--force" if self.force else self.state.reason(s, comps)
             self.reporter.line(f"{tag}  running  ({reason})")
+            if self.remote is not None:
+                self._pending(key).parent.mkdir(parents=True, exist_ok=True)
+                self._pending(key).touch()
             t0 = time.perf_counter()
             with self.store.lock(key):
                 # Another process may have built it while we waited for the lock.

@@ -172,3 +172,39 @@ def test_no_space_left_is_one_line_and_leaves_nothing_half_written(tmp_path: Pat
         _verify_clean(art)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_sigkill_in_the_middle_of_an_upload(tmp_path: Path) -> None:
+    """Kill the build while it pushes its first entry's blobs (a file:// remote, written by the real
+    fsspec code path): no action entry names a blob that is missing or short, the next build
+    finishes and pushes, and a fresh machine pulls a complete, verified cache from it."""
+    remote = tmp_path / "remote"
+    env = {**os.environ, "COSYCOMPILE_CACHE_REMOTE": f"file://{remote}"}
+    recipe = _recipe(tmp_path, "upload", hift_only=True)
+    art = tmp_path / "art"
+    proc = subprocess.Popen(_build_cmd(recipe, art), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 900
+    while not list(remote.glob("cas/*/*")):  # the first blob of the first push has landed
+        assert proc.poll() is None and time.time() < deadline, "the build ended before pushing"
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    def consistent() -> int:
+        n = 0
+        for ac in remote.glob("ac/*.json"):
+            for size, sha in json.loads(ac.read_text())["files"].values():
+                blob = remote / "cas" / sha[:2] / sha
+                assert blob.is_file() and blob.stat().st_size == size, (ac.name, sha)
+            n += 1
+        return n
+
+    consistent()
+    _verify_clean(art)
+    res = subprocess.run(_build_cmd(recipe, art), capture_output=True, text=True, timeout=1800, env=env)
+    assert res.returncode == 0 and "warning" not in res.stderr.lower(), res.stderr[-2000:]
+    assert consistent() == len(_entries(art))
+    fresh = tmp_path / "fresh"
+    res = subprocess.run(_build_cmd(recipe, fresh), capture_output=True, text=True, timeout=1800, env=env)
+    assert res.returncode == 0 and _ran(res.stdout) == [], res.stdout + res.stderr[-2000:]
+    _verify_clean(fresh)
