@@ -16,7 +16,8 @@ import numpy as np
 
 from cosycompile.errors import RecipeError
 from cosycompile.core.graph import StepContext
-from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+from cosycompile.quantize.graphs import quantize_graphs
+from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.quantize.calibrate import load_records
 
 
@@ -73,16 +74,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     p = {"method": s.resolved_method, "exclude": list(s.exclude), "high_precision_dtype": hp,
          "block_size": s.block_size or 128, "opset": ctx.params["opset"]}
     specs = {g.name: g for g in get_stage(stage).graphs}
-    quantized = [name for name, g in specs.items() if g.quantizable]
-    src = read_graphs_dir(ctx.inputs["graphs"])
-    out = copy_assets(src, ctx.out)
-    stats: dict[str, Any] = {}
     logging.getLogger("modelopt").setLevel(logging.WARNING)
-    for name, g in src.graphs.items():
-        dst = ctx.out / g["file"]
-        if name not in quantized:
-            link_or_copy(src.graph_path(name), dst)
-            continue
+
+    def one(name: str, src: GraphsDir, dst: Path) -> None:
         excludes = check_exclusions(src.graph_path(name), p["exclude"], stage)
         records = load_records(ctx.inputs["calib"], name) if "calib" in ctx.inputs else []
         if not records:
@@ -94,7 +88,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         work = ctx.out / f".work-{name}"
         work.mkdir()
         try:
-            tmp_out = work / g["file"]
+            tmp_out = work / dst.name
             mo_quantize(
                 str(src.graph_path(name)), quantize_mode=fmt, calibration_method=p["method"],
                 calibration_data_reader=_reader_class()(records), calibration_eps=["cpu"],
@@ -105,23 +99,6 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
             shutil.move(str(tmp_out), dst)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        g = dict(g, precision=fmt)
-        out.graphs[name] = g
-        stats[name] = _qdq_stats(dst)
-        ctx.log(f"{name}: {stats[name]}")
-    out.info["precision"] = fmt
-    out.info["quantized_graphs"] = quantized
-    if fmt == "fp8":
-        out.info["requires"] = "ORT CPU: optimization disable (reference kernels); TensorRT: sm89+"
-    out.write()
-    return {"quantized": stats}
 
-
-def _qdq_stats(path: Path) -> dict[str, int]:
-    """Counts of the quantization ops in a graph (the metadata tests check)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    ops = [n.op_type for n in model.graph.node]
-    return {"QuantizeLinear": ops.count("QuantizeLinear"), "DequantizeLinear": ops.count("DequantizeLinear"),
-            "opset": max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))}
+    info = {"requires": "ORT CPU: optimization disable (reference kernels); TensorRT: sm89+"} if fmt == "fp8" else {}
+    return quantize_graphs(ctx, fmt, one, info)
