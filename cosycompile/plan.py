@@ -24,6 +24,8 @@ FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx", "builtin.json",
                   "CosyVoice-BlankEN/tokenizer_config.json", "CosyVoice-BlankEN/vocab.json",
                   "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer.json")
 TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")
+# The export for backends that compile torch programs (BackendInfo.consumes == "program").
+PROGRAM_EXPORT = "cosycompile.stages.common:export_programs"
 STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
 
 
@@ -131,23 +133,30 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         spec = recipe.stage(name)
         typed = recipe.typed(name)
         binfo, qinfo, qspec = typed["backend"], typed["quantizer"], typed["quantize"]
-        # A backend that consumes a checkpoint gets the stage's checkpoint export (no ONNX, no simplify).
-        checkpoint = binfo.consumes == "checkpoint"
-        if checkpoint and sinfo.checkpoint_export is None:
+        # A backend that consumes a checkpoint gets the stage's checkpoint export, one that compiles
+        # torch programs gets them from torch.export; only ONNX goes through simplify.
+        consumes = binfo.consumes
+        if consumes == "checkpoint" and sinfo.checkpoint_export is None:
             raise ModelError(f"{recipe.source}: stage '{name}' has no checkpoint export for backend '{binfo.name}'")
-        hook = "checkpoint_export" if checkpoint else "export"
+        if consumes == "checkpoint":
+            run, code, params, what = (sinfo.ref("checkpoint_export"), _module_roots(sinfo, "modules", "checkpoint_export"),
+                                       {}, "as a checkpoint")
+        elif consumes == "program":
+            run, code, params, what = (PROGRAM_EXPORT, _module_roots(sinfo, "modules") + (PROGRAM_EXPORT.split(":")[0],),
+                                       {"stage": name}, "as torch.export programs")
+        else:
+            run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
+                                       {"opset": spec.export.opset}, "to ONNX")
         export = Step(
-            name=f"{name}.export", kind=f"{name}.export" + (".checkpoint" if checkpoint else ""),
-            run=lazy(sinfo.ref(hook)), code=_module_roots(sinfo, "modules", hook),
-            params={} if checkpoint else {"opset": spec.export.opset}, tools=TORCH_TOOLS,
-            describe=f"export {sinfo.summary} " + ("as a checkpoint" if checkpoint else "to ONNX"),
+            name=f"{name}.export", kind=f"{name}.export" + ("" if consumes == "onnx" else f".{consumes}"),
+            run=lazy(run), code=code, params=params, tools=TORCH_TOOLS, describe=f"export {sinfo.summary} {what}",
         )
-        model.attach(export, sinfo.model_files + (FRONTEND_FILES if checkpoint else ()))
+        model.attach(export, sinfo.model_files + (FRONTEND_FILES if consumes == "checkpoint" else ()))
         if model.root is not None:
             export.preflight = _checkpoint_preflight(model.root, name)
         steps = {"export": export}
         graphs = export
-        if not checkpoint:
+        if consumes == "onnx":
             graphs = steps["simplify"] = Step(
                 name=f"{name}.simplify", kind="onnx.simplify", run=lazy("cosycompile.onnx.simplify:simplify"),
                 params={"method": spec.export.simplify}, deps={"graphs": export},
@@ -166,7 +175,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
                 assert calibrate is not None
                 quantize.deps["calib"] = calibrate
             # The checkpoint exports read the front end's tokenizer (it sets the merged vocabulary).
-            model.attach(quantize, sinfo.model_files + (FRONTEND_FILES if checkpoint else ()))
+            model.attach(quantize, sinfo.model_files + (FRONTEND_FILES if consumes == "checkpoint" else ()))
             if getattr(qspec, "exclude", None) and qinfo.stages is not None:
                 source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
                 quantize.preflight = _exclusion_preflight(qinfo, source, list(qspec.exclude))

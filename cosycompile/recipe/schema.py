@@ -254,7 +254,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
     """Resolve every plug-in spec, and cross-field rules that a per-field schema cannot express."""
     from cosycompile.backends import backend_infos
     from cosycompile.exporters import exporter_infos
-    from cosycompile.quantize import NoQuantization, choose_quantizer, target_problem
+    from cosycompile.quantize import NoQuantization, choose_quantizer, quantizer_infos, target_problem
     from cosycompile.stages import stage_infos
     from cosycompile.validate.registry import registry
 
@@ -317,6 +317,11 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
             quantizer = chosen
             qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
             problem2 = quantizer.check(qspec, name) if quantizer.check else None
+            if problem2 is None and info.consumes == "program" and info.name not in (quantizer.backends or ()):
+                # ONNX and checkpoint quantizers cannot read torch programs.
+                fits = [q.name for q in quantizer_infos().values() if info.name in (q.backends or ())]
+                problem2 = ("quantizer", f"backend '{info.name}' compiles torch programs, which quantizer "
+                                         f"'{quantizer.name}' does not write; use {' or '.join(fits) or 'format fp32'}")
             if problem2 is None and quantizer.backends is not None and info.name not in quantizer.backends:
                 problem2 = ("quantizer", f"quantizer '{quantizer.name}' writes ops only {', '.join(quantizer.backends)} "
                                          f"runs; backend '{info.name}' cannot run them")

@@ -97,12 +97,13 @@ class GraphSpec:
                 out[t.name] = {i: e.replace("*", "_x_") for i, e in axes.items()}
         return out
 
-    def dummy_inputs(self, info: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
-        """Inputs at each dynamic dim's ``example`` size (what the exporter traces with)."""
+    def dummy_inputs(self, info: dict[str, Any], seed: int = 0,
+                     sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+        """Inputs at each dynamic dim's ``example`` size (what the exporter traces with), or at ``sizes``."""
         import numpy as np
 
         rng = np.random.default_rng(seed)
-        sizes = {d.name: d.example for d in self.dims}
+        sizes = sizes or {d.name: d.example for d in self.dims}
         out = {}
         for t in self.inputs:
             shape = tuple(int(s) for s in self.shape(t, info, sizes))

@@ -1,0 +1,84 @@
+"""PyTorch backend: each graph of a stage, exported with ``torch.export``, is compiled ahead of time
+by AOTInductor into a ``.pt2`` package (C++/OpenMP kernels for CPU, Triton kernels for CUDA) that
+loads without Python-level tracing or recompilation.
+
+The engine's precision comes from the programs it consumes: FP32 as exported, or BF16/FP16 from the
+``torch_autocast`` quantizer. CPU packages use the build machine's vector ISA (AVX-512 here), which
+the passport records and ``load`` checks. CUDA packages are compiled on the GPU they are built for.
+
+This module stays light: it imports no torch (``importlib.util.find_spec`` only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from cosycompile.backends import BackendInfo
+from cosycompile.recipe.targets import Target
+
+# Formats whose graphs this backend compiles (fp8 / int8 through torch._scaled_mm / torch._int_mm
+# need a quantizer that rewrites the programs' linears; none exists yet).
+FORMATS = ("fp32", "bf16", "fp16")
+
+
+class Options(BaseModel):
+    """PyTorch AOTInductor engine options (``stages.<stage>.engine.options``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    freezing: bool = Field(True, description="fold weights into the compiled graph as constants and pre-pack them "
+                                             "for oneDNN (CPU); 1.4-1.8x on the flow estimator here")
+    max_autotune: bool = Field(False, description="benchmark GEMM/conv kernel choices while compiling (slow builds)")
+
+
+def check_format(stage: str, fmt: str, options: Any, opset: int) -> tuple[str, str] | None:
+    """(recipe key, reason) when the torch backend cannot compile ``fmt``."""
+    if fmt not in FORMATS:
+        return "format", (f"backend 'torch' compiles {', '.join(FORMATS)} programs; '{fmt}' needs a quantizer that "
+                          "rewrites the torch programs (none exists yet): use onnxruntime or tensorrt for it")
+    return None
+
+
+def _torch_cuda() -> str | None:
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:
+        return "PyTorch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"this PyTorch ({torch.__version__}) sees no CUDA device; AOTInductor compiles CUDA kernels on the GPU"
+    return None
+
+
+def build_problem(target: Target) -> str | None:
+    """Why this machine cannot compile for ``target``: CUDA packages need the GPU they run on."""
+    if target.kind == "cpu":
+        return None
+    problem = _torch_cuda()
+    if problem:
+        return problem
+    import torch
+
+    cc = torch.cuda.get_device_capability()
+    if target.sm is not None and tuple(cc) != tuple(target.sm):
+        return f"this GPU is sm{cc[0]}{cc[1]}, target '{target.name}' is {target.sm_tag}"
+    return None
+
+
+def run_problem(target: Target) -> str | None:
+    """Why engines for ``target`` cannot run on this machine."""
+    return build_problem(target)
+
+
+PLUGIN = BackendInfo(
+    options=Options,
+    tools=("torch",),
+    target_kinds=("cpu", "gpu"),
+    consumes="program",
+    check_format=check_format,
+    build_problem=build_problem,
+    run_problem=run_problem,
+)

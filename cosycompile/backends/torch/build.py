@@ -1,0 +1,111 @@
+"""AOTInductor engines: ``build`` compiles each ExportedProgram of a graphs dir into ``<graph>.pt2``;
+``load`` opens the packages as Runners (numpy in and out, or torch tensors on the engine's device)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosycompile.errors import BackendUnavailable
+from cosycompile.recipe.targets import Target
+from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.runtime.loading import read_passport
+
+# torch.backends.cpu.get_cpu_capability() values, weakest first: a package compiled for one runs
+# on CPUs with that capability or a later one in this list.
+CPU_CAPABILITIES = ("DEFAULT", "ZVECTOR", "VSX", "SVE256", "NEON", "AVX2", "AVX512")
+
+
+def _device(target: Target) -> str:
+    return "cuda" if target.kind == "gpu" else "cpu"
+
+
+def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
+    """Compile every program of ``src`` with AOTInductor into ``out``; returns the passport's backend fields."""
+    import torch
+
+    gd = read_graphs_dir(src)
+    not_programs = [n for n, g in gd.graphs.items() if g.get("format") != "torch.export"]
+    if not_programs:
+        raise BackendUnavailable(f"{src}: graphs {', '.join(not_programs)} are not torch.export programs; backend "
+                                 "'torch' compiles the stage's program export")
+    if cache_dir is not None:
+        # Inductor's kernel cache only saves compile time: results do not depend on it.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor")
+    device = _device(target)
+    eng = copy_assets(gd, out)
+    configs = {"freezing": options.freezing, "max_autotune": options.max_autotune}
+    for name, graph in gd.graphs.items():
+        program = torch.export.load(str(gd.graph_path(name)))
+        if device == "cuda":
+            from torch.export.passes import move_to_device_pass
+
+            program = move_to_device_pass(program, "cuda")
+        package = out / f"{name}.pt2"
+        torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
+        eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
+    eng.info = dict(gd.info)
+    eng.write()
+    fields: dict[str, Any] = {
+        "backend_version": torch.__version__,
+        "device": device,
+        "precision": gd.info.get("precision", "fp32"),
+        "inductor": configs,
+        "build_host": {"machine": platform.machine()},
+    }
+    if device == "cpu":
+        fields["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    else:
+        cc = torch.cuda.get_device_capability()
+        fields["build_host"].update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, sm=f"sm{cc[0]}{cc[1]}")
+    return fields
+
+
+class AotiRunner:
+    """A Runner over one AOTInductor package."""
+
+    def __init__(self, path: Path, input_names: list[str], output_names: list[str], device: str) -> None:
+        import torch
+
+        self.input_names, self.output_names, self.device = input_names, output_names, device
+        self._torch = torch
+        self._model = torch._inductor.aoti_load_package(str(path))
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        torch = self._torch
+        host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
+        args = []
+        for n in self.input_names:
+            v = feeds[n]
+            t = torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+            args.append(t.to(self.device) if t.device.type != self.device else t)
+        with torch.inference_mode():
+            outs = self._model(*args)
+        if isinstance(outs, torch.Tensor):
+            outs = (outs,)
+        if host:
+            outs = tuple(o.float().cpu().numpy() if o.is_floating_point() else o.cpu().numpy() for o in outs)
+        return dict(zip(self.output_names, outs))
+
+
+def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
+    """Runners for every package of an engine dir; refuses packages this machine cannot run."""
+    import torch
+
+    passport = read_passport(engine_dir)
+    device = passport.get("device", "cpu")
+    if device == "cpu":
+        built, here = passport.get("cpu_capability", "DEFAULT"), torch.backends.cpu.get_cpu_capability()
+        rank = {c: i for i, c in enumerate(CPU_CAPABILITIES)}
+        if built != here and rank.get(built, len(rank)) > rank.get(here, -1):
+            raise BackendUnavailable(f"{engine_dir}: compiled for {built} CPUs and this CPU is {here}; rebuild the "
+                                     "engine on this machine")
+        torch.set_num_threads(threads)
+    elif not torch.cuda.is_available():
+        raise BackendUnavailable(f"{engine_dir}: a CUDA package and this PyTorch sees no CUDA device")
+    gd = read_graphs_dir(engine_dir)
+    return {name: AotiRunner(gd.graph_path(name), g["inputs"], g["outputs"], device) for name, g in gd.graphs.items()}

@@ -1,0 +1,58 @@
+"""The ``<stage>.quantize`` step of ``torch_autocast``: program -> program traced under autocast."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from cosycompile.core.graph import StepContext
+from cosycompile.errors import RecipeError
+from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def quantize(ctx: StepContext) -> dict[str, Any]:
+    """Re-export each chosen program of the stage under autocast; the others are linked through."""
+    from cosycompile.stages import get_stage
+    from cosycompile.stages.common import export_program
+
+    stage, fmt = ctx.params["stage"], ctx.spec.format
+    dtype = getattr(torch, _DTYPES[fmt])
+    src = read_graphs_dir(ctx.inputs["graphs"])
+    chosen = list(ctx.spec.graphs) if ctx.spec.graphs is not None else list(src.graphs)
+    unknown = sorted(set(chosen) - set(src.graphs))
+    if unknown:
+        raise RecipeError(f"stages.{stage}.quantize.graphs: {', '.join(unknown)} not in stage '{stage}' "
+                          f"(graphs: {', '.join(src.graphs)})")
+    out = copy_assets(src, ctx.out)
+    for name, g in src.graphs.items():
+        dst = ctx.out / g["file"]
+        if name not in chosen:
+            link_or_copy(src.graph_path(name), dst)
+            continue
+        ctx.log(f"{name}: autocast {fmt}")
+        inner = torch.export.load(str(src.graph_path(name))).module()
+        program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), src.info)
+        # Decomposing turns the autocast region into explicit casts, which do not depend on the device.
+        torch.export.save(program.run_decompositions({}), str(dst))
+        out.graphs[name] = dict(g, precision=fmt)
+    out.info.update({"precision": fmt, "quantized_graphs": chosen})
+    out.write()
+    return {"cast": chosen, "dtype": str(dtype)}
+
+
+class Autocast(torch.nn.Module):
+    """Wraps a program's module: autocast inside, FP32 floating outputs (the graph spec's dtypes)."""
+
+    def __init__(self, inner: torch.nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.inner, self.dtype = inner, dtype
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        with torch.autocast("cpu", dtype=self.dtype):
+            outs = self.inner(*args)
+        if isinstance(outs, torch.Tensor):
+            return outs.float() if outs.is_floating_point() else outs
+        return tuple(o.float() if o.is_floating_point() else o for o in outs)
