@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench lint clean
+.PHONY: install demo test test-fast test-gpu bench lint clean
 
 install: $(STAMP)
 
@@ -29,6 +29,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+# On a machine with a CUDA GPU and a CUDA build of PyTorch: the tests that need one.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider
 
 bench: install
 	$(PY) bench/run_all.py

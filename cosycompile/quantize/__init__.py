@@ -65,9 +65,10 @@ def quantizer_infos() -> dict[str, QuantizerInfo]:
     return discover("quantize")
 
 
-def choose_quantizer(stage: str, fmt: str, named: str | None) -> QuantizerInfo | str:
-    """The quantizer for ``fmt`` on ``stage`` (the one named, else the first that handles it), or
-    the reason there is none."""
+def choose_quantizer(stage: str, fmt: str, named: str | None, backend: str | None = None,
+                     consumes: str = "onnx") -> QuantizerInfo | str:
+    """The quantizer for ``fmt`` on ``stage`` (the one named, else the first that handles it and whose
+    output ``backend`` runs), or the reason there is none."""
     from cosycompile.stages import get_stage
 
     quantizable = any(g.quantizable for g in get_stage(stage).graphs)
@@ -79,8 +80,13 @@ def choose_quantizer(stage: str, fmt: str, named: str | None) -> QuantizerInfo |
         if not q.handles(stage, fmt, quantizable):
             return f"quantizer '{named}' cannot produce '{fmt}' for stage '{stage}' (formats: {', '.join(q.formats)})"
         return q
-    # A quantizer written for this stage wins over a generic one.
-    ranked = sorted(infos.values(), key=lambda q: q.stages is None)
+    def fits(q: QuantizerInfo) -> bool:
+        # Torch programs only go through quantizers that name the backend; other graphs through any
+        # quantizer not restricted to other backends.
+        return backend in (q.backends or ()) or (q.backends is None and consumes != "program")
+
+    # One whose output the backend can run first, then one written for this stage over a generic one.
+    ranked = sorted(infos.values(), key=lambda q: (backend is not None and not fits(q), q.stages is None))
     for q in ranked:
         if q.handles(stage, fmt, quantizable):
             return q

@@ -310,18 +310,13 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         if fmt == "fp32" and q.get("quantizer") is None:
             qspec = _plugin_spec(NoQuantization, q, located, qwhere)
         else:
-            chosen = choose_quantizer(name, fmt, q.get("quantizer"))
+            chosen = choose_quantizer(name, fmt, q.get("quantizer"), info.name, info.consumes)
             if isinstance(chosen, str):
                 key = "quantizer" if q.get("quantizer") is not None else "format"
                 raise RecipeError(f"{located.where(qwhere + (key,))}: stages.{name}.quantize.{key}: {chosen}")
             quantizer = chosen
             qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
             problem2 = quantizer.check(qspec, name) if quantizer.check else None
-            if problem2 is None and info.consumes == "program" and info.name not in (quantizer.backends or ()):
-                # ONNX and checkpoint quantizers cannot read torch programs.
-                fits = [q.name for q in quantizer_infos().values() if info.name in (q.backends or ())]
-                problem2 = ("quantizer", f"backend '{info.name}' compiles torch programs, which quantizer "
-                                         f"'{quantizer.name}' does not write; use {' or '.join(fits) or 'format fp32'}")
             if problem2 is None and quantizer.backends is not None and info.name not in quantizer.backends:
                 problem2 = ("quantizer", f"quantizer '{quantizer.name}' writes ops only {', '.join(quantizer.backends)} "
                                          f"runs; backend '{info.name}' cannot run them")
@@ -329,6 +324,11 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                 problem2 = ("format", target_problem(fmt, target) or "")
             if problem2 is None and info.check_format is not None:
                 problem2 = info.check_format(name, fmt, options, spec.export.opset)
+            if problem2 is None and info.consumes == "program" and info.name not in (quantizer.backends or ()):
+                # ONNX and checkpoint quantizers cannot read torch programs.
+                fits = [q.name for q in quantizer_infos().values() if info.name in (q.backends or ())]
+                problem2 = ("quantizer", f"backend '{info.name}' compiles torch programs, which quantizer "
+                                         f"'{quantizer.name}' does not write; use {' or '.join(fits) or 'format fp32'}")
             if problem2:
                 key, msg = problem2
                 raise RecipeError(f"{located.where(qwhere + (key,))}: stages.{name}.quantize.{key}: {msg}")

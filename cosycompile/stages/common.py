@@ -100,17 +100,22 @@ def export_program(module: Any, spec: Any, info: dict[str, Any]) -> tuple[Any, d
     ``(2n - 1) % n != 0`` on tokens, false only at n = 1); such dims are exported again as
     ``Dim.AUTO``, which holds from 2 up, and the graph's spec in ``graphs.json`` says so.
     """
+    import inspect
     import re
 
     import torch
 
     auto: frozenset[str] = frozenset()
     names = {d.name for d in spec.dims}
+    varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values())
     while True:
         try:
+            shapes = tuple(program_dynamic_shapes(spec, info, auto).values())
+            if varargs:
+                shapes = (shapes,)  # forward(*args): the exporter sees one tuple argument
             with torch.no_grad():
                 program = torch.export.export(module, program_example_inputs(spec, info), strict=False,
-                                              dynamic_shapes=tuple(program_dynamic_shapes(spec, info, auto).values()))
+                                              dynamic_shapes=shapes)
             return program, {n: 2 for n in auto}
         except torch._dynamo.exc.UserError as exc:
             match = re.search(r"Constraints violated \(([\w, ]+)\)", str(exc))

@@ -1,0 +1,192 @@
+"""The torch backend: AOTInductor packages from torch.export programs, built for real on this CPU
+from the tiny model, checked against the PyTorch FP32 reference by the normal build; the BF16 cast;
+refusals (recipe errors, a GPU target on a machine without CUDA, a package for a newer CPU)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, run_cli, until_outputs, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def torch_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(artifacts, recipe, bundle) of recipes/cpu-torch.yaml on builtin:tiny, run as a user runs it."""
+    tmp = tmp_path_factory.mktemp("torch")
+    art = tmp / "art"
+    recipe = write_recipe(tmp / "torch.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "torch-test",
+        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q", timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    bundle = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")).split(": ", 1)[1])
+    return art, recipe, bundle
+
+
+def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path, Path, Path]) -> None:
+    _, _, bundle = torch_build
+    report = json.loads((bundle / "report.json").read_text())
+    assert report["gate"]["passed"], report["gate"]["findings"]
+    checks = report["checks"]
+    # FP32 packages agree with eager PyTorch to float32 rounding (the same network, other kernels).
+    assert checks["llm"]["metrics"]["max_abs_logit_error"] < 1e-4
+    assert checks["llm"]["metrics"]["greedy_identical_ratio"] == 1.0
+    assert checks["flow"]["metrics"]["estimator_max_abs_error"] < 1e-4
+    assert checks["hift"]["metrics"]["waveform_snr_db_min"] > 40
+    assert checks["pipeline"]["metrics"]["tokens_identical_ratio"] == 1.0
+    for stage in ("llm", "flow", "hift"):
+        passport = json.loads((bundle / "engines" / stage / "engine.json").read_text())
+        assert passport["backend"] == "torch" and passport["device"] == "cpu" and passport["precision"] == "fp32"
+        assert passport["cpu_capability"] and passport["inductor"]["freezing"] is True
+        graphs = json.loads((bundle / "engines" / stage / "graphs.json").read_text())["graphs"]
+        assert {g["format"] for g in graphs.values()} == {"aoti"}
+        assert all((bundle / "engines" / stage / g["file"]).suffix == ".pt2" for g in graphs.values())
+    assert not list((bundle / "engines").rglob("*.onnx"))  # no ONNX in the engines
+
+
+def test_second_build_is_all_cached(torch_build: tuple[Path, Path, Path]) -> None:
+    art, recipe, _ = torch_build
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
+    assert res.returncode == 0 and "ran: nothing (all cached)" in res.stdout, res.stdout + res.stderr
+
+
+def test_bf16_flow_is_cast_and_still_close(torch_build: tuple[Path, Path, Path]) -> None:
+    """torch_autocast turns the flow programs into BF16 ones: the estimator's error grows from FP32
+    rounding to BF16's, and the mel after the 10-step CFM stays close to the reference."""
+    art, recipe, bundle = torch_build
+    bf16 = write_recipe(recipe.parent / "bf16.yaml", {
+        "extends": str(recipe), "name": "torch-bf16",
+        "stages": {"flow": {"quantize": {"format": "bf16"}}},
+    }, base=False)
+    res = run_cli("build", str(bf16), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = until_outputs(res.stdout)
+    metrics = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
+    fp32 = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
+    assert metrics["estimator_max_abs_error"] > 100 * fp32["estimator_max_abs_error"]
+    assert metrics["cfm_mel_snr_db_min"] > 20
+    assert "speedup_vs_fp32" in metrics  # against the FP32 package of the same backend
+    # Only the flow stage was cast; the LLM and HiFT came from the cache of the FP32 build.
+    assert "llm.engine" not in res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
+
+
+@pytest.mark.parametrize(("stage", "quantize", "backend", "says"), [
+    ("flow", {"format": "int8"}, "torch", "backend 'torch' compiles fp32, bf16, fp16 programs; 'int8'"),
+    ("flow", {"format": "int8", "quantizer": "ort_dynamic"}, "torch",
+     "quantizer 'ort_dynamic' writes ops only onnxruntime runs; backend 'torch' cannot run them"),
+    ("hift", {"format": "fp16", "quantizer": "modelopt_autocast"}, "torch",
+     "backend 'torch' compiles torch programs, which quantizer 'modelopt_autocast' does not write; use torch_autocast"),
+    ("flow", {"format": "bf16", "quantizer": "torch_autocast"}, "onnxruntime",
+     "quantizer 'torch_autocast' writes ops only torch runs; backend 'onnxruntime' cannot run them"),
+])
+def test_recipe_errors(tmp_path: Path, stage: str, quantize: dict, backend: str, says: str) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "name": "bad", "stages": {stage: {"engine": {"backend": backend}, "quantize": quantize}}})
+    res = run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_gpu_target_without_cuda_is_left_for_a_gpu_machine(tmp_path: Path) -> None:
+    """On a machine whose PyTorch sees no CUDA device, a CUDA package is a split build: the program
+    is exported here, the engine is left (exit 3) with the reason."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the engine would be built")
+    art = tmp_path / "art"
+    recipe = write_recipe(tmp_path / "gpu.yaml", {
+        "name": "torch-h100", "target": "h100",
+        "stages": {"llm": {"enabled": False}, "flow": {"enabled": False}, "hift": {"engine": {"backend": "torch"}}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "ran: model, hift.export" in res.stdout
+    assert "hift.engine: cannot run on this machine: backend 'torch': this PyTorch" in res.stdout
+    assert "sees no CUDA device" in res.stdout
+
+
+def test_package_for_a_newer_cpu_is_refused(torch_build: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    from cosycompile.errors import BackendUnavailable
+    from cosycompile.runtime.loading import stage_runtime
+
+    _, _, bundle = torch_build
+    engine = shutil.copytree(bundle / "engines" / "hift", tmp_path / "hift")
+    passport = json.loads((engine / "engine.json").read_text())
+    passport["cpu_capability"] = "AVX1024"  # a vector ISA this CPU does not have
+    (engine / "engine.json").write_text(json.dumps(passport))
+    with pytest.raises(BackendUnavailable, match=r"compiled for AVX1024 CPUs and this CPU is \w+; rebuild"):
+        stage_runtime("hift", engine, 1)
+
+
+def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path) -> None:
+    """The HiFT program runs at 4x its block size and equals eager PyTorch; the flow encoder's tokens
+    dim, which the exporter cannot prove from 1, is exported from 2 and the spec says so."""
+    import torch
+
+    from cosycompile.models.loader import load_models
+    from cosycompile.stages import get_stage
+    from cosycompile.stages.common import export_program
+
+    models = load_models(tiny_model_dir, ("hift", "flow"))
+    modules, _, info = get_stage("hift").hook("modules")(models)
+    spec = get_stage("hift").graph("hift")
+    program, raised = export_program(modules["hift"], spec, info)
+    torch.manual_seed(0)
+    frames = 256
+    mel = torch.randn(1, info["mel_bins"], frames) - 4
+    args = (mel, torch.rand(1, info["harmonics"]), torch.randn(1, frames * info["samples_per_frame"], info["harmonics"]))
+    with torch.no_grad():
+        want, got = modules["hift"](*args), program.module()(*args)
+    for w, g in zip(want, got):
+        assert torch.allclose(w, g, atol=1e-4), float((w - g).abs().max())
+    fmods, _, finfo = get_stage("flow").hook("modules")(models)
+    _, raised = export_program(fmods["flow_encoder"], get_stage("flow").graph("flow_encoder"), finfo)
+    assert raised == {"tokens": 2}
+
+
+@pytest.mark.gpu
+def test_cuda_package_matches_the_cpu_reference(tmp_path: Path) -> None:
+    """On a CUDA machine (``make test-gpu``): the HiFT and flow packages for this GPU pass their checks."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cosycompile.recipe.targets import TARGETS
+
+    sm = tuple(torch.cuda.get_device_capability())
+    target = next((t.name for t in TARGETS.values() if t.sm == sm and t.kind == "gpu"), None)
+    if target is None:
+        pytest.skip(f"no target in cosycompile's table for sm{sm[0]}{sm[1]}")
+    recipe = write_recipe(tmp_path / "cuda.yaml", {
+        "name": "torch-cuda", "target": target,
+        "stages": {"llm": {"enabled": False}, "flow": {"engine": {"backend": "torch"}},
+                   "hift": {"engine": {"backend": "torch"}}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "check", "-q", timeout=1800)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = until_outputs(res.stdout)
+    flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
+    hift = json.loads((out["hift.check"] / "check.json").read_text())["metrics"]
+    assert flow["estimator_max_abs_error"] < 1e-2 and flow["cfm_mel_snr_db_min"] > 30
+    assert hift["waveform_snr_db_min"] > 30
+
+
+def test_format_picks_the_quantizer_the_backend_runs(tmp_path: Path) -> None:
+    """fp16 without a quantizer named: torch_autocast for the torch backend, ModelOpt's ONNX autocast
+    for TensorRT (the same format, two kinds of graphs)."""
+    from cosycompile.recipe.schema import load_recipe
+
+    torch_fp16 = write_recipe(tmp_path / "t.yaml", {
+        "name": "t", "stages": {"hift": {"engine": {"backend": "torch"}, "quantize": {"format": "fp16"}}}})
+    assert load_recipe(torch_fp16).typed("hift")["quantizer"].name == "torch_autocast"
+    trt_fp16 = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "rtx4090-fp16.yaml"), "name": "r"}, base=False)
+    assert load_recipe(trt_fp16).typed("flow")["quantizer"].name == "modelopt_autocast"
