@@ -1,0 +1,150 @@
+"""Benchmark: the torch backend (AOTInductor packages) against ONNX Runtime FP32 engines on
+builtin:random-0.5b, flow estimator and HiFT, in ONE run with interleaved pairs.
+
+Builds through the normal cached build graph: the flow and HiFT engines of recipes/cpu-fp32.yaml
+(ONNX Runtime FP32) and recipes/cpu-torch.yaml (AOTInductor FP32), and the flow of cpu-torch with
+``quantize: {format: bf16}`` (torch_autocast). Then, same inputs, same thread count:
+- flow estimator: one call at T frames, batch 2 (CFG); mel SNR after the full 10-step CFM against
+  the PyTorch FP32 reference with identical noise;
+- HiFT: mel -> wav for T frames; waveform SNR against the PyTorch FP32 reference;
+- the compute bound: FLOPs of one estimator call (torch's FLOP counter) and the GEMM throughput of
+  this machine measured in the same run (2048^3 matmul, FP32 and BF16).
+
+Usage: python bench/torch_backend.py [--frames 500] [--threads 2] [--pairs 5]
+Writes artifacts/bench/torch_backend.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def build(recipe_body: dict, name: str, stages: tuple[str, ...], art: Path) -> dict[str, Path]:
+    """Engine dirs of ``stages`` for a derived recipe, through the cached build graph."""
+    import yaml
+
+    from cosycompile.cache.local import Store
+    from cosycompile.core.graph import Executor, Reporter, StateFile
+    from cosycompile.plan import plan_build
+    from cosycompile.recipe.schema import load_recipe
+
+    path = art / "bench" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**recipe_body, "name": name}))
+    plan = plan_build(load_recipe(path))
+    store = Store(art)
+    targets = [plan.stage_steps[s]["engine"] for s in stages]
+    result = Executor(store, targets, StateFile(store.root / "state" / f"{name}.json"), Reporter()).run()
+    return {s: result.entries[plan.stage_steps[s]["engine"].name].data for s in stages} | {
+        "model": result.entries["model"].data}
+
+
+def gemm_gflops(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(n, n).to(getattr(torch, dtype))
+    b = torch.randn(n, n).to(getattr(torch, dtype))
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best / 1e9
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:random-0.5b")
+    ap.add_argument("--frames", type=int, default=500)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    args = ap.parse_args()
+    art = Path(args.artifacts)
+    common = {"model": args.model, "validation": {"max_items": 1, "speed": {"threads": args.threads}}}
+    t0 = time.perf_counter()
+    ort_e = build({"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), **common}, "bench-ort-fp32", ("flow", "hift"), art)
+    aoti = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common}, "bench-torch-fp32", ("flow", "hift"), art)
+    bf16 = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common,
+                  "stages": {"flow": {"quantize": {"format": "bf16"}}}}, "bench-torch-bf16", ("flow",), art)
+    build_s = time.perf_counter() - t0
+
+    import torch
+
+    from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.pipeline import Prompt
+    from cosycompile.validate.metrics import mel_snr_db, waveform_snr_db
+    from cosycompile.validate.speed import paired_ratio
+
+    models = load_reference(ort_e["model"], ("flow", "hift"), args.threads)
+    rng = np.random.default_rng(0)
+    T = args.frames
+    feeds = (rng.standard_normal((2, 80, T), dtype=np.float32), np.ones((2, 1, T), np.float32),
+             rng.standard_normal((2, 80, T), dtype=np.float32), np.full(2, 0.5, np.float32),
+             rng.standard_normal((2, 80), dtype=np.float32), rng.standard_normal((2, 80, T), dtype=np.float32))
+    flows = {"onnxruntime fp32": stage_runtime("flow", ort_e["flow"], args.threads),
+             "torch fp32": stage_runtime("flow", aoti["flow"], args.threads),
+             "torch bf16": stage_runtime("flow", bf16["flow"], args.threads)}
+    tokens = rng.integers(0, 6561, T // 2)
+    prompt = Prompt.empty()
+    prompt.embedding = rng.standard_normal(192).astype(np.float32)
+    ref_mel = reference_runtime("flow", models).mel(tokens, prompt)
+    est = models.flow.decoder.estimator
+    with torch.no_grad(), torch.utils.flop_counter.FlopCounterMode(display=False) as fc:
+        est(*(torch.from_numpy(f) for f in feeds))
+    out: dict = {"model": args.model, "threads": args.threads, "frames": T, "pairs": args.pairs,
+                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                 "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                 "build_seconds": build_s, "estimator_gflop": fc.get_total_flops() / 1e9,
+                 "gemm_gflops": {d: gemm_gflops(d, args.threads) for d in ("float32", "bfloat16")}, "flow": {}, "hift": {}}
+    base = flows["onnxruntime fp32"]
+    for name, rt in flows.items():
+        r = paired_ratio(lambda: base.estimator_call(*feeds), lambda: rt.estimator_call(*feeds), pairs=args.pairs)
+        out["flow"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
+                             "spread": r.spread, "pairs": r.pairs,
+                             "gflops": out["estimator_gflop"] / r.candidate_s,
+                             "mel_snr_db_after_cfm": mel_snr_db(ref_mel, rt.mel(tokens, prompt))}
+    mel = ref_mel.astype(np.float32)
+    hifts = {"onnxruntime fp32": stage_runtime("hift", ort_e["hift"], args.threads),
+             "torch fp32": stage_runtime("hift", aoti["hift"], args.threads)}
+    ref_wav = reference_runtime("hift", models).wav(mel, seed=0)
+    hbase = hifts["onnxruntime fp32"]
+    for name, rt in hifts.items():
+        r = paired_ratio(lambda: hbase.wav(mel, seed=0), lambda: rt.wav(mel, seed=0), pairs=args.pairs)
+        out["hift"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
+                             "spread": r.spread, "pairs": r.pairs,
+                             "waveform_snr_db": waveform_snr_db(ref_wav, rt.wav(mel, seed=0))}
+    dest = art / "bench" / "torch_backend.json"
+    dest.write_text(json.dumps(out, indent=1, default=float))
+    print(f"{args.model}, T={T} frames, {args.threads} threads, {out['machine']}, torch {out['torch']} "
+          f"({out['cpu_capability']}); GEMM {out['gemm_gflops']['float32']:.0f} GFLOP/s fp32, "
+          f"{out['gemm_gflops']['bfloat16']:.0f} bf16; estimator call {out['estimator_gflop']:.1f} GFLOP")
+    print("| stage | engine | ms | vs ONNX Runtime FP32 (median of pairs, spread) | quality vs PyTorch FP32 |")
+    print("|---|---|---|---|---|")
+    for name, f in out["flow"].items():
+        print(f"| flow estimator (batch 2) | {name} | {f['ms']:.0f} | {f['speedup']:.2f}x ({f['spread'][0]:.2f}-"
+              f"{f['spread'][1]:.2f}, {f['pairs']} pairs) | mel SNR {f['mel_snr_db_after_cfm']:.1f} dB after 10 CFM steps; "
+              f"{f['gflops']:.0f} GFLOP/s |")
+    for name, h in out["hift"].items():
+        print(f"| HiFT | {name} | {h['ms']:.0f} | {h['speedup']:.2f}x ({h['spread'][0]:.2f}-{h['spread'][1]:.2f}, "
+              f"{h['pairs']} pairs) | waveform SNR {h['waveform_snr_db']:.1f} dB |")
+    print(f"result: {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
