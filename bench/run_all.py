@@ -1,10 +1,11 @@
 """`make bench`: every benchmark of the project, each measuring its ratios within one run.
 
 Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
-builtin:random-0.5b (interleaved FP32/quantized pairs), bench/reference_reuse.py (validation time of
-a second recipe on the same model), bench/end_to_end.py (offline RTF and first chunk against the
-FP32 reference in the same run) and bench/noop_rebuild.py, and prints their tables; copy the
-figures into docs/BENCHMARKS.md together with the command and the machine.
+builtin:random-0.5b (interleaved FP32/quantized pairs), bench/torch_backend.py (AOTInductor vs ONNX
+Runtime FP32 packages, interleaved), bench/reference_reuse.py (validation time of a second recipe on
+the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
+same run, for the INT8 recipes and cpu-fast) and bench/noop_rebuild.py, and prints their tables;
+copy the figures into docs/BENCHMARKS.md together with the command and the machine.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ def main() -> int:
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
+    cmd = [sys.executable, str(REPO / "bench" / "torch_backend.py")]
+    print("$", " ".join(cmd), flush=True)
+    rc |= subprocess.call(cmd)
     # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
     fresh = REPO / "artifacts" / "bench" / f"reference-reuse-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
     print("$", " ".join(cmd), flush=True)
     rc |= subprocess.call(cmd)
-    for recipe in ("cpu-int8", "cpu-int8-dynamic"):
+    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast"):
         cmd = [sys.executable, str(REPO / "bench" / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
