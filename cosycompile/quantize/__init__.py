@@ -53,6 +53,12 @@ class QuantizerInfo:
     def needs_calibration(self, fmt: str) -> bool:
         return fmt not in self.weight_only
 
+    def serves(self, backend: str, consumes: str) -> bool:
+        """Whether ``backend`` (consuming ``consumes`` graphs) runs what this quantizer writes: torch
+        programs only go through quantizers that name the backend, other graphs through any quantizer
+        not restricted to other backends."""
+        return backend in (self.backends or ()) or (self.backends is None and consumes != "program")
+
     def ref(self, attr: str) -> str:
         return resolve_ref(self.package, getattr(self, attr))
 
@@ -80,13 +86,9 @@ def choose_quantizer(stage: str, fmt: str, named: str | None, backend: str | Non
         if not q.handles(stage, fmt, quantizable):
             return f"quantizer '{named}' cannot produce '{fmt}' for stage '{stage}' (formats: {', '.join(q.formats)})"
         return q
-    def fits(q: QuantizerInfo) -> bool:
-        # Torch programs only go through quantizers that name the backend; other graphs through any
-        # quantizer not restricted to other backends.
-        return backend in (q.backends or ()) or (q.backends is None and consumes != "program")
-
     # One whose output the backend can run first, then one written for this stage over a generic one.
-    ranked = sorted(infos.values(), key=lambda q: (backend is not None and not fits(q), q.stages is None))
+    ranked = sorted(infos.values(), key=lambda q: (backend is not None and not q.serves(backend, consumes),
+                                                   q.stages is None))
     for q in ranked:
         if q.handles(stage, fmt, quantizable):
             return q

@@ -324,9 +324,8 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                 problem2 = ("format", target_problem(fmt, target) or "")
             if problem2 is None and info.check_format is not None:
                 problem2 = info.check_format(name, fmt, options, spec.export.opset)
-            if problem2 is None and info.consumes == "program" and info.name not in (quantizer.backends or ()):
-                # ONNX and checkpoint quantizers cannot read torch programs.
-                fits = [q.name for q in quantizer_infos().values() if info.name in (q.backends or ())]
+            if problem2 is None and not quantizer.serves(info.name, info.consumes):
+                fits = [q.name for q in quantizer_infos().values() if q.serves(info.name, info.consumes)]
                 problem2 = ("quantizer", f"backend '{info.name}' compiles torch programs, which quantizer "
                                          f"'{quantizer.name}' does not write; use {' or '.join(fits) or 'format fp32'}")
             if problem2:

@@ -26,12 +26,12 @@ def export_stage(ctx: StepContext, stage: str) -> dict[str, Any]:
 
     from cosycompile.onnx.tools import export_onnx
 
-    def write(spec: Any, module: Any, info: dict[str, Any]) -> str:
+    def write(spec: Any, module: Any, info: dict[str, Any]) -> tuple[str, dict[str, int]]:
         path = ctx.out / f"{spec.name}.onnx"
         dummy = spec.dummy_inputs(info)
         args = tuple(torch.from_numpy(dummy[n]) for n in spec.input_names)
         export_onnx(module, args, path, spec.input_names, spec.output_names, spec.dynamic_axes(), ctx.params["opset"])
-        return path.name
+        return path.name, {}
 
     return _export_graphs(ctx, stage, write)
 
@@ -126,8 +126,8 @@ def export_program(module: Any, spec: Any, info: dict[str, Any]) -> tuple[Any, d
 
 
 def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") -> dict[str, Any]:
-    """Load the stage's network, write each graph with ``write(spec, module, info) -> file name``,
-    then its assets and ``graphs.json``."""
+    """Load the stage's network, write each graph with ``write(spec, module, info) -> (file name,
+    raised dim minimums)``, then its assets and ``graphs.json``."""
     from cosycompile.models.loader import load_models
     from cosycompile.stages import get_stage
 
@@ -137,8 +137,7 @@ def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") 
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for spec in sinfo.graphs:
         ctx.log(f"exporting {spec.name}")
-        written = write(spec, modules[spec.name], info)
-        file, mins = written if isinstance(written, tuple) else (written, {})
+        file, mins = write(spec, modules[spec.name], info)
         described = spec.describe(info)
         for dim, low in mins.items():
             described["dims"][dim]["min"] = low

@@ -28,8 +28,8 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    freezing: bool = Field(True, description="fold weights into the compiled graph as constants and pre-pack them "
-                                             "for oneDNN (CPU); 1.4-1.8x on the flow estimator here")
+    freezing: bool = Field(True, description="fold weights into the compiled graph as constants (and let Inductor "
+                                             "pre-pack them for oneDNN where it can)")
     max_autotune: bool = Field(False, description="benchmark GEMM/conv kernel choices while compiling (slow builds)")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from cosycompile.errors import BackendUnavailable
 from cosycompile.recipe.targets import Target
@@ -26,8 +27,6 @@ def _device(target: Target) -> str:
 
 def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
     """Compile every program of ``src`` with AOTInductor into ``out``; returns the passport's backend fields."""
-    import torch
-
     gd = read_graphs_dir(src)
     not_programs = [n for n, g in gd.graphs.items() if g.get("format") != "torch.export"]
     if not_programs:
@@ -69,14 +68,10 @@ class AotiRunner:
     """A Runner over one AOTInductor package."""
 
     def __init__(self, path: Path, input_names: list[str], output_names: list[str], device: str) -> None:
-        import torch
-
         self.input_names, self.output_names, self.device = input_names, output_names, device
-        self._torch = torch
         self._model = torch._inductor.aoti_load_package(str(path))
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        torch = self._torch
         host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
         args = []
         for n in self.input_names:
@@ -94,8 +89,6 @@ class AotiRunner:
 
 def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
     """Runners for every package of an engine dir; refuses packages this machine cannot run."""
-    import torch
-
     passport = read_passport(engine_dir)
     device = passport.get("device", "cpu")
     if device == "cpu":
