@@ -1,7 +1,8 @@
 """`make bench`: every benchmark of the project, each measuring its ratios within one run.
 
 Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
-builtin:random-0.5b (interleaved FP32/quantized pairs), bench/torch_backend.py (AOTInductor vs ONNX
+builtin:random-0.5b (interleaved FP32/quantized pairs), bench/flow_sensitivity.py (simulated INT8 per
+layer group of the flow estimator), bench/torch_backend.py (AOTInductor vs ONNX
 Runtime FP32 packages, interleaved), bench/reference_reuse.py (validation time of a second recipe on
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
 same run, for the INT8 recipes and cpu-fast) and bench/noop_rebuild.py, and prints their tables;
@@ -25,9 +26,10 @@ def main() -> int:
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
-    cmd = [sys.executable, str(REPO / "bench" / "torch_backend.py")]
-    print("$", " ".join(cmd), flush=True)
-    rc |= subprocess.call(cmd)
+    for script in ("flow_sensitivity.py", "torch_backend.py"):
+        cmd = [sys.executable, str(REPO / "bench" / script)]
+        print("$", " ".join(cmd), flush=True)
+        rc |= subprocess.call(cmd)
     # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
     fresh = REPO / "artifacts" / "bench" / f"reference-reuse-{time.strftime('%Y%m%d-%H%M%S')}"
     cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
