@@ -146,7 +146,9 @@ class LLMDecodeStep(nn.Module):
         bias = torch.zeros(allowed.shape, dtype=inputs_embeds.dtype).masked_fill(~allowed, torch.finfo(torch.float32).min)
         groups = self.num_heads // self.kv_heads
         h = inputs_embeds
-        presents = []
+        # One flat stack at the end: nested stacks ([k, v] per layer, then the layers) exported as two
+        # Concats, i.e. two copies of the whole cache per step.
+        presents: list[torch.Tensor] = []
         for i, layer in enumerate(body.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
@@ -157,12 +159,16 @@ class LLMDecodeStep(nn.Module):
             k = k * cos + _rotate_half(k) * sin
             k = torch.cat([past_key_values[i, 0], k], dim=2)
             v = torch.cat([past_key_values[i, 1], v], dim=2)
-            presents.append(torch.stack([k, v]))
-            kr = k.repeat_interleave(groups, dim=1)
-            vr = v.repeat_interleave(groups, dim=1)
-            scores = torch.matmul(q, kr.transpose(2, 3)) / math.sqrt(self.head_dim) + bias
-            ctx = torch.matmul(torch.softmax(scores, dim=-1), vr)
+            presents += [k, v]
+            # Grouped-query attention without repeating K/V per query head: the G query heads that
+            # share a KV head become G*S rows of one product. Repeating K/V (HF's repeat_kv) wrote
+            # 7x the cache per step, 6 % of a decode step in ONNX Runtime's profile.
+            qg = q.reshape(B, self.kv_heads, groups * S, self.head_dim)
+            scores = torch.matmul(qg, k.transpose(2, 3)) / math.sqrt(self.head_dim)
+            scores = scores.view(B, self.kv_heads, groups, S, -1) + bias
+            probs = torch.softmax(scores, dim=-1).view(B, self.kv_heads, groups * S, -1)
+            ctx = torch.matmul(probs, v).view(B, self.num_heads, S, self.head_dim)
             h = h + attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         logits = self.lm.llm_decoder(body.norm(h))
-        return logits, torch.stack(presents)
+        return logits, torch.stack(presents).unflatten(0, (len(body.layers), 2))
