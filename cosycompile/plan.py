@@ -147,6 +147,10 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         else:
             run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
                                        {"opset": spec.export.opset}, "to ONNX")
+        runtime = typed["runtime"]
+        settings = runtime.model_dump(mode="json", exclude_defaults=True) if runtime is not None else {}
+        if settings:  # only what a recipe changed, so recipes on the defaults keep their cache keys
+            params = {**params, "runtime": settings}
         export = Step(
             name=f"{name}.export", kind=f"{name}.export" + ("" if consumes == "onnx" else f".{consumes}"),
             run=lazy(run), code=code, params=params, tools=TORCH_TOOLS, describe=f"export {sinfo.summary} {what}",

@@ -131,3 +131,27 @@ def test_cached_speed_without_warmup_counts_the_eval_synthesis(built: dict, tmp_
     # by more than the larger run's share.
     assert sum(parts) <= 2 * speed["end_to_end"]["built_s"]
     assert "from_eval_synthesis" not in speed["first_chunk"] and speed["first_chunk"]["built_s"] > 0
+
+
+def test_fewer_cfm_steps_rebuild_only_the_flow_and_are_scored_against_the_10_step_mel(built: dict,
+                                                                                     tmp_path: Path) -> None:
+    """``stages.flow.runtime.n_timesteps`` reaches the bundle's runtime, and the flow check compares
+    the 5-step engine with the model's own 10-step FP32 mel (so its SNR falls from ~130 dB)."""
+    assert built["res"].returncode == 0
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "fewer-cfm-steps",
+        "stages": {"flow": {"runtime": {"n_timesteps": 5}}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]), "-q")
+    assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
+    ran = next(ln for ln in res.stdout.splitlines() if "; ran: " in ln).split("; ran: ", 1)[1].split(", ")
+    assert ran == ["flow.export", "flow.simplify", "flow.engine", "flow.check", "pipeline.check"]
+    (bundle,) = list((built["art"] / "builds").glob("fewer-cfm-steps-*"))
+    assert json.loads((bundle / "engines" / "flow" / "graphs.json").read_text())["info"]["n_timesteps"] == 5
+    # Every cpu-fp32 bundle of this module (another test adds one) runs the model's 10 steps.
+    first = sorted((built["art"] / "builds").glob("cpu-fp32-*"))[0]
+    ten = json.loads((first / "report.json").read_text())["checks"]["flow"]["metrics"]
+    five = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
+    assert ten["cfm_steps"] == 10 and five["cfm_steps"] == 5
+    assert five["estimator_max_abs_error"] < 1e-3  # same graphs: only the solver changed
+    assert five["cfm_mel_snr_db_min"] < ten["cfm_mel_snr_db_min"] - 20

@@ -151,3 +151,15 @@ def test_child_with_another_format_gets_its_own_quantize_block(tmp_path: Path) -
     assert r.typed("llm")["quantize"].format == "fp32" and r.typed("llm")["quantizer"] is None
     r = load_recipe(REPO / "recipes" / "l20-int8.yaml")
     assert r.typed("llm")["quantize"].exports == ["hf", "trtllm"] and r.typed("llm")["quantize"].alpha == 0.5
+
+
+def test_stage_runtime_settings_are_validated_by_the_stage(tmp_path: Path) -> None:
+    ok = write_recipe(tmp_path / "ok.yaml", {"name": "x", "stages": {"flow": {"runtime": {"n_timesteps": 5}}}})
+    assert load_recipe(ok).typed("flow")["runtime"].n_timesteps == 5
+    assert load_recipe(REPO / "recipes" / "cpu-fp32.yaml").typed("flow")["runtime"].n_timesteps == 10
+    msg = _err(tmp_path, BASE + "stages:\n  flow:\n    runtime:\n      n_timestep: 5\n")
+    assert "bad.yaml:6" in msg and "n_timestep" in msg and "n_timesteps" in msg
+    msg = _err(tmp_path, BASE + "stages:\n  flow:\n    runtime:\n      n_timesteps: 0\n")
+    assert "bad.yaml:6" in msg and "stages.flow.runtime.n_timesteps" in msg
+    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    runtime:\n      n_timesteps: 5\n")
+    assert "bad.yaml:5" in msg and "stage 'llm' has no runtime settings" in msg

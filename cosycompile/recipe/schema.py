@@ -43,6 +43,7 @@ class StageSpec(_Strict):
     quantize: dict[str, Any] = Field(default_factory=lambda: {"format": "fp32"})
     engine: EngineSpec = EngineSpec()
     check: dict[str, Any] = Field(default_factory=dict)
+    runtime: dict[str, Any] = Field(default_factory=dict, description="the stage's runtime settings (its runtime spec)")
 
 
 class SamplingSpec(_Strict):
@@ -130,7 +131,8 @@ class Recipe(_Strict):
 
     def typed(self, stage: str) -> dict[str, Any]:
         """The stage's plug-in specs, validated at load: ``quantize`` (the quantizer's spec or
-        NoQuantization), ``quantizer`` (its info, or None), ``backend`` (info), ``options``, ``check``."""
+        NoQuantization), ``quantizer`` (its info, or None), ``backend`` (info), ``options``, ``check``,
+        ``runtime`` (the stage's runtime spec, or None)."""
         return self._typed[stage]
 
     def resolve_path(self, value: str) -> Path:
@@ -288,6 +290,10 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         sinfo = stages[name]
         base = ("stages", name)
         check = _plugin_spec(sinfo.check_spec, spec.check, located, base + ("check",))
+        if sinfo.runtime_spec is None and spec.runtime:
+            raise RecipeError(f"{located.where(base + ('runtime',))}: stage '{name}' has no runtime settings")
+        runtime = _plugin_spec(sinfo.runtime_spec, spec.runtime, located, base + ("runtime",)) \
+            if sinfo.runtime_spec is not None else None
         where = located.where(base + ("engine", "backend"))
         info = backends.get(spec.engine.backend)
         if info is None:
@@ -337,4 +343,4 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                 raise RecipeError(f"{located.where(qwhere + ('exports',))}: backend '{info.name}' builds from a "
                                   "checkpoint: add hf or trtllm to stages.{name}.quantize.exports")
         recipe._typed[name] = {"quantize": qspec, "quantizer": quantizer, "backend": info, "options": options,
-                               "check": check}
+                               "check": check, "runtime": runtime}

@@ -37,6 +37,10 @@ class StageInfo:
     modules: str = ".export:stage_parts"  # (modules, assets, info) of the PyTorch network
     check: str = ".check:check"
     reference: str = ".check:reference"
+    # Runtime constants a recipe may set under ``stages.<name>.runtime`` (e.g. the flow's CFM steps):
+    # they change what the engines compute, not the graphs, and are written into the graphs' info
+    # at export so every engine and bundle built from them runs with them. None: nothing to set.
+    runtime_spec: type[BaseModel] | None = None
     name: str = ""
     package: str = ""
 

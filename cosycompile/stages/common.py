@@ -134,6 +134,8 @@ def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") 
     sinfo = get_stage(stage)
     models = load_models(model_dir(ctx), (stage,))
     modules, assets, info = sinfo.hook("modules")(models)
+    # The recipe's runtime settings (validated by the stage's runtime spec) override the model's.
+    info = {**info, **ctx.params.get("runtime", {})}
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for spec in sinfo.graphs:
         ctx.log(f"exporting {spec.name}")

@@ -1,5 +1,5 @@
-"""The flow check: estimator agreement over lengths, then mel SNR after the full 10-step CFM with
-identical noise, engine vs PyTorch FP32."""
+"""The flow check: estimator agreement over lengths, then mel SNR after the full CFM with identical
+noise, engine vs PyTorch FP32 (the model's own 10 steps, whatever ``runtime.n_timesteps`` the build runs)."""
 
 from __future__ import annotations
 
@@ -56,5 +56,5 @@ def check(ctx: StepContext) -> dict[str, Any]:
     speed = speed_vs_fp32(ctx, "flow", eng, lambda rt: rt.estimator_call(*args))
     metrics = {**speed, "speed_length": T, "estimator_max_abs_error": max(errors.values()),
                "estimator_error_by_length": errors, "cfm_mel_snr_db_min": float(min(snrs)),
-               "cfm_mel_snr_db_mean": float(np.mean(snrs))}
+               "cfm_mel_snr_db_mean": float(np.mean(snrs)), "cfm_steps": eng.n_timesteps}
     return write_check(ctx, metrics)

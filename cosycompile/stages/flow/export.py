@@ -16,7 +16,7 @@ def stage_parts(models: Any) -> tuple[dict[str, Any], dict[str, np.ndarray], dic
     c = models.config.flow
     modules = {"flow_encoder": FlowEncoderStep(models.flow).eval(), "flow_estimator": models.flow.decoder.estimator.eval()}
     assets = {"rand_noise": models.flow.decoder.rand_noise.detach().float().numpy()}
-    info = {"n_timesteps": 10, "cfg_rate": c.inference_cfg_rate, "mel_bins": c.output_size,
+    info = {"n_timesteps": c.n_timesteps, "cfg_rate": c.inference_cfg_rate, "mel_bins": c.output_size,
             "spk_embed_dim": c.spk_embed_dim, "token_mel_ratio": models.config.token_mel_ratio}
     return modules, assets, info
 
