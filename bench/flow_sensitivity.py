@@ -143,26 +143,13 @@ def main() -> int:
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
 
-    import yaml
+    from builtin_models import load_builtin
 
-    from cosycompile.cache.local import Store
-    from cosycompile.core.graph import Executor, Reporter, StateFile
-    from cosycompile.plan import plan_build
-    from cosycompile.recipe.schema import load_recipe
-    from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.reference.runners import reference_runtime
     from cosycompile.runtime.pipeline import Prompt
     from cosycompile.validate.metrics import mel_snr_db
 
-    art = Path(args.artifacts)
-    path = art / "bench" / "bench-sensitivity.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "bench-sensitivity",
-                                    "model": args.model}))
-    plan = plan_build(load_recipe(path))
-    model_step = plan.stage_steps["flow"]["export"].deps["model"]
-    store = Store(art)
-    result = Executor(store, [model_step], StateFile(store.root / "state" / "bench-sensitivity.json"), Reporter()).run()
-    models = load_reference(result.entries["model"].data, ("flow",), args.threads)
+    models = load_builtin(args.model, ("flow",), Path(args.artifacts), args.threads, "bench-sensitivity")
     flow = reference_runtime("flow", models)
     layers = wrap_layers(models.flow.decoder.estimator)
 
@@ -212,7 +199,7 @@ def main() -> int:
     out = {"model": args.model, "frames": T, "threads": args.threads, "layers": len(layers),
            "cfm_seconds_fp32_eager": cfm_s, "torch": torch.__version__,
            "machine": f"{platform.machine()}, Python {platform.python_version()}", "rows": rows}
-    dest = art / "bench" / "flow_sensitivity.json"
+    dest = Path(args.artifacts) / "bench" / "flow_sensitivity.json"
     dest.write_text(json.dumps(out, indent=1))
     print("| activation scheme | layers quantized | count | mel SNR after 10-step CFM |")
     print("|---|---|---|---|")

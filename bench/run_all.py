@@ -2,10 +2,11 @@
 
 Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
 builtin:random-0.5b (interleaved FP32/quantized pairs), bench/flow_sensitivity.py (simulated INT8 per
-layer group of the flow estimator), bench/torch_backend.py (AOTInductor vs ONNX
+layer group of the flow estimator), bench/cfm_steps.py (mel SNR of fewer CFM steps against 10),
+bench/torch_backend.py (AOTInductor vs ONNX
 Runtime FP32 packages, interleaved), bench/reference_reuse.py (validation time of a second recipe on
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
-same run, for the INT8 recipes and cpu-fast) and bench/noop_rebuild.py, and prints their tables;
+same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, and prints their tables;
 copy the figures into docs/BENCHMARKS.md together with the command and the machine.
 """
 
@@ -26,7 +27,7 @@ def main() -> int:
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
-    for script in ("flow_sensitivity.py", "torch_backend.py"):
+    for script in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py"):
         cmd = [sys.executable, str(REPO / "bench" / script)]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
@@ -35,7 +36,7 @@ def main() -> int:
     cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
     print("$", " ".join(cmd), flush=True)
     rc |= subprocess.call(cmd)
-    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast"):
+    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast", "cpu-fast-cfm5"):
         cmd = [sys.executable, str(REPO / "bench" / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
