@@ -2,8 +2,10 @@
 builtin:random-0.5b, flow estimator and HiFT, in ONE run with interleaved pairs.
 
 Builds through the normal cached build graph: the flow and HiFT engines of recipes/cpu-fp32.yaml
-(ONNX Runtime FP32) and recipes/cpu-torch.yaml (AOTInductor FP32), and the flow of cpu-torch with
-``quantize: {format: bf16}`` (torch_autocast). Then, same inputs, same thread count:
+(ONNX Runtime FP32) and recipes/cpu-torch.yaml (AOTInductor FP32), the flow of cpu-torch with
+``quantize: {format: bf16}`` (torch_autocast) and with ``{format: int8}`` (torch_dynamic: INT8
+linears through torch._int_mm), and the flow of recipes/cpu-int8-dynamic.yaml (ONNX Runtime dynamic
+INT8) for comparison. Then, same inputs, same thread count:
 - flow estimator: one call at T frames, batch 2 (CFG); mel SNR after the full 10-step CFM against
   the PyTorch FP32 reference with identical noise;
 - HiFT: mel -> wav for T frames; waveform SNR against the PyTorch FP32 reference;
@@ -80,6 +82,10 @@ def main() -> int:
     aoti = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common}, "bench-torch-fp32", ("flow", "hift"), art)
     bf16 = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common,
                   "stages": {"flow": {"quantize": {"format": "bf16"}}}}, "bench-torch-bf16", ("flow",), art)
+    int8 = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common,
+                  "stages": {"flow": {"quantize": {"format": "int8"}}}}, "bench-torch-int8", ("flow",), art)
+    ort_int8 = build({"extends": str(REPO / "recipes" / "cpu-int8-dynamic.yaml"), **common}, "bench-ort-int8-dynamic",
+                     ("flow",), art)
     build_s = time.perf_counter() - t0
 
     import torch
@@ -102,7 +108,9 @@ def main() -> int:
              rng.standard_normal((2, 80), dtype=np.float32), rng.standard_normal((2, 80, T), dtype=np.float32))
     flows = {"onnxruntime fp32": stage_runtime("flow", ort_e["flow"], args.threads),
              "torch fp32": stage_runtime("flow", aoti["flow"], args.threads),
-             "torch bf16": stage_runtime("flow", bf16["flow"], args.threads)}
+             "torch bf16": stage_runtime("flow", bf16["flow"], args.threads),
+             "torch int8 (torch._int_mm)": stage_runtime("flow", int8["flow"], args.threads),
+             "onnxruntime dynamic int8": stage_runtime("flow", ort_int8["flow"], args.threads)}
     tokens = rng.integers(0, 6561, T // 2)
     prompt = Prompt.empty()
     prompt.embedding = rng.standard_normal(192).astype(np.float32)

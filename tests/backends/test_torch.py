@@ -77,8 +77,32 @@ def test_bf16_flow_is_cast_and_still_close(torch_build: tuple[Path, Path, Path])
     assert "llm.engine" not in res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
 
 
+def test_int8_llm_and_flow_compile_and_hold_quality(torch_build: tuple[Path, Path, Path]) -> None:
+    """recipes/cpu-torch-int8 on the tiny model: torch_dynamic's INT8 programs compile to packages that
+    pass the stage checks against the PyTorch FP32 reference, timed against the FP32 packages."""
+    art, recipe, _ = torch_build
+    int8 = write_recipe(recipe.parent / "int8.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-int8",
+        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120}},
+    }, base=False)
+    res = run_cli("build", str(int8), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    ran = res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
+    assert "llm.quantize" in ran and "flow.quantize" in ran and "calibrate" not in ran
+    assert "engine.fp32" not in ran  # the FP32 packages to time against came from the FP32 build's cache
+    out = until_outputs(res.stdout)
+    llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
+    flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
+    assert llm["logit_cosine"] >= 0.99 and 0 < llm["max_abs_logit_error"], llm
+    assert flow["cfm_mel_snr_db_min"] >= 30 and flow["estimator_max_abs_error"] > 1e-5, flow
+    assert llm["speedup_vs_fp32"] > 0 and flow["speedup_vs_fp32"] > 0
+    passport_dirs = [p for p in (art / "cache" / "objects").rglob("engine.json")
+                     if json.loads(p.read_text()).get("precision") == "int8"]
+    assert len(passport_dirs) == 2 and all(json.loads(p.read_text())["backend"] == "torch" for p in passport_dirs)
+
+
 @pytest.mark.parametrize(("stage", "quantize", "backend", "says"), [
-    ("flow", {"format": "int8"}, "torch", "backend 'torch' compiles fp32, bf16, fp16 programs; 'int8'"),
+    ("flow", {"format": "int4"}, "torch", "backend 'torch' compiles fp32, bf16, fp16, int8, fp8 programs, not 'int4'"),
     ("flow", {"format": "int8", "quantizer": "ort_dynamic"}, "torch",
      "quantizer 'ort_dynamic' writes ops only onnxruntime runs; backend 'torch' cannot run them"),
     ("hift", {"format": "fp16", "quantizer": "modelopt_autocast"}, "torch",

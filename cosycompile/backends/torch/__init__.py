@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from cosycompile.backends import BackendInfo
 from cosycompile.recipe.targets import Target
 
-# Formats whose graphs this backend compiles (fp8 / int8 through torch._scaled_mm / torch._int_mm
-# need a quantizer that rewrites the programs' linears; none exists yet).
-FORMATS = ("fp32", "bf16", "fp16")
+# Formats whose programs this backend compiles: bf16/fp16 from torch_autocast, int8/fp8 linears
+# (torch._int_mm / torch._scaled_mm) from torch_dynamic.
+FORMATS = ("fp32", "bf16", "fp16", "int8", "fp8")
 
 
 class Options(BaseModel):
@@ -36,8 +36,8 @@ class Options(BaseModel):
 def check_format(stage: str, fmt: str, options: Any, opset: int) -> tuple[str, str] | None:
     """(recipe key, reason) when the torch backend cannot compile ``fmt``."""
     if fmt not in FORMATS:
-        return "format", (f"backend 'torch' compiles {', '.join(FORMATS)} programs; '{fmt}' needs a quantizer that "
-                          "rewrites the torch programs (none exists yet): use onnxruntime or tensorrt for it")
+        return "format", (f"backend 'torch' compiles {', '.join(FORMATS)} programs, not '{fmt}': use onnxruntime "
+                          "or tensorrt for it")
     return None
 
 

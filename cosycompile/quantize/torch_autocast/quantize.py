@@ -2,45 +2,36 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from cosycompile.core.graph import StepContext
-from cosycompile.errors import RecipeError
-from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+from cosycompile.quantize.programs import rewrite_programs
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
     """Re-export each chosen program of the stage under autocast; the others are linked through."""
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 
     stage, fmt = ctx.params["stage"], ctx.spec.format
     dtype = getattr(torch, _DTYPES[fmt])
-    src = read_graphs_dir(ctx.inputs["graphs"])
-    chosen = list(ctx.spec.graphs) if ctx.spec.graphs is not None else list(src.graphs)
-    unknown = sorted(set(chosen) - set(src.graphs))
-    if unknown:
-        raise RecipeError(f"stages.{stage}.quantize.graphs: {', '.join(unknown)} not in stage '{stage}' "
-                          f"(graphs: {', '.join(src.graphs)})")
-    out = copy_assets(src, ctx.out)
-    for name, g in src.graphs.items():
-        dst = ctx.out / g["file"]
-        if name not in chosen:
-            link_or_copy(src.graph_path(name), dst)
-            continue
+    info = read_graphs_dir(ctx.inputs["graphs"]).info
+
+    def one(name: str, src: Path, dst: Path) -> dict[str, Any]:
         ctx.log(f"{name}: autocast {fmt}")
-        inner = torch.export.load(str(src.graph_path(name))).module()
-        program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), src.info)
+        inner = torch.export.load(str(src)).module()
+        program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), info)
         # Decomposing turns the autocast region into explicit casts, which do not depend on the device.
         torch.export.save(program.run_decompositions({}), str(dst))
-        out.graphs[name] = dict(g, precision=fmt)
-    out.info.update({"precision": fmt, "quantized_graphs": chosen})
-    out.write()
-    return {"cast": chosen, "dtype": str(dtype)}
+        return {"dtype": str(dtype)}
+
+    return rewrite_programs(ctx, fmt, list(ctx.spec.graphs) if ctx.spec.graphs is not None else None, one)
 
 
 class Autocast(torch.nn.Module):

@@ -1,0 +1,57 @@
+"""INT8 and FP8 linears for the ``torch`` backend, with activations quantized at run time.
+
+Every ``aten.linear`` of a chosen program whose weight is a constant is rewritten in the program
+itself: the weight is stored quantized (INT8 per output channel, or FP8 E4M3 per tensor), and the
+input is quantized as it flows (INT8 per row, FP8 per tensor) before ``torch._int_mm`` or
+``torch._scaled_mm``; the result is rescaled to FP32. Convolutions, attention products and
+normalisations stay FP32. No calibration data: the ranges come from each call's own activations.
+
+The programs are the same for a CPU and a GPU target except one thing CUDA's INT8 GEMM demands:
+more than 16 rows, so GPU programs pad the rows by 16 zeros and slice them off. ``_int_mm`` has
+fast CPU kernels; ``_scaled_mm`` runs on a CPU only as a slow emulation, so FP8 is for sm89+ GPUs
+(on a CPU it checks numerics).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from cosycompile.quantize import QuantizerInfo
+
+
+class Spec(BaseModel):
+    """``stages.<stage>.quantize`` for quantized linears in torch programs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    quantizer: Literal["torch_dynamic"] = "torch_dynamic"
+    format: Literal["int8", "fp8"]
+    graphs: list[str] | None = Field(None, description="graphs to quantize (default: the stage's quantizable "
+                                                        "graphs, or all of them when it marks none, as the LLM)")
+    keep_fp32: list[str] = Field(default_factory=list,
+                                 description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
+                                             "whose linears stay FP32")
+
+    @field_validator("keep_fp32")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {p!r} ({exc})") from None
+        return patterns
+
+
+PLUGIN = QuantizerInfo(
+    spec=Spec,
+    formats=("int8", "fp8"),
+    tools=("torch",),
+    stages=("llm", "flow", "hift"),
+    weight_only=("int8", "fp8"),  # nothing recorded: activation ranges are taken at run time
+    backends=("torch",),
+)

@@ -1,0 +1,161 @@
+"""The ``<stage>.quantize`` step of ``torch_dynamic``: program -> program with quantized linears."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from cosycompile.core.graph import StepContext
+from cosycompile.errors import RecipeError
+from cosycompile.quantize.programs import rewrite_programs
+
+# CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
+CUDA_INT8_PAD_ROWS = 16
+# Inner and outer sizes must be multiples of these for the CUDA kernels (cuBLASLt IMMA / FP8).
+ALIGN = {"int8": 8, "fp8": 16}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                pad_rows: int) -> torch.Tensor:
+    """``linear(x, w, bias)`` with w = w_q * w_scale (per output channel) and x quantized per row."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+    x_q = torch.round(x2 / x_scale).clamp(-127, 127).to(torch.int8)
+    if pad_rows:
+        x_q = torch.nn.functional.pad(x_q, (0, 0, 0, pad_rows))
+    acc = torch._int_mm(x_q, w_q.t())  # w_q.t() is the column-major view cuBLASLt wants
+    if pad_rows:
+        acc = acc[: x2.shape[0]]
+    y = acc.to(torch.float32) * x_scale * w_scale
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+               pad_rows: int) -> torch.Tensor:
+    """``linear(x, w, bias)`` with w = w_q * w_scale (FP8 E4M3, one scale) and x quantized per tensor."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    x_scale = (x2.abs().amax().clamp(min=1e-12) / FP8_MAX).to(torch.float32)
+    x_q = (x2 / x_scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=torch.float32)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*shape[:-1], w_q.shape[0])
+
+
+def quantize_weight(weight: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(quantized weight [N, K], its scale): INT8 per output channel, FP8 E4M3 per tensor."""
+    w = weight.detach().float()
+    if fmt == "int8":
+        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
+        return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+    scale = w.abs().amax().clamp(min=1e-12) / FP8_MAX
+    return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+LINEARS: dict[str, Callable[..., torch.Tensor]] = {"int8": int8_linear, "fp8": fp8_linear}
+
+
+def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
+                    keep_fp32: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Replace, in place, every ``aten.linear`` of ``gm`` whose weight is a constant with the quantized
+    linear of ``fmt``; the FP32 weights no node reads any more are dropped. Returns what was done."""
+    graph = gm.graph
+    done: dict[str, str] = {}  # FP32 weight -> prefix of its quantized buffers (shared weights once)
+    kept: dict[str, str] = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.linear.default:
+            continue
+        x, w = node.args[0], node.args[1]
+        bias = node.args[2] if len(node.args) > 2 else None
+        if not isinstance(w, torch.fx.Node) or w.op != "get_attr":
+            continue
+        weight = _get(gm, w.target)
+        n, k = weight.shape
+        if any(re.search(p, w.target) for p in keep_fp32):
+            kept[w.target] = "keep_fp32"
+            continue
+        if n % ALIGN[fmt] or k % ALIGN[fmt]:
+            kept[w.target] = f"{n}x{k} not a multiple of {ALIGN[fmt]}"
+            continue
+        if w.target not in done:
+            q, scale = quantize_weight(weight, fmt)
+            prefix = "q_" + re.sub(r"\W", "_", w.target)
+            gm.register_buffer(f"{prefix}_w", q)
+            gm.register_buffer(f"{prefix}_scale", scale)
+            done[w.target] = prefix
+        prefix = done[w.target]
+        with graph.inserting_before(node):
+            qw, qs = graph.get_attr(f"{prefix}_w"), graph.get_attr(f"{prefix}_scale")
+            new = graph.call_function(LINEARS[fmt], (x, qw, qs, bias, pad_rows))
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+    graph.eliminate_dead_code()
+    read = {n.target for n in graph.nodes if n.op == "get_attr"}
+    for name in done:
+        if name not in read:
+            parent, _, leaf = name.rpartition(".")
+            delattr(gm.get_submodule(parent) if parent else gm, leaf)
+    gm.recompile()
+    return {"quantized_linears": len(done), "kept_fp32": kept}
+
+
+def _get(gm: torch.nn.Module, dotted: str) -> torch.Tensor:
+    obj: Any = gm
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def default_graphs(stage: str) -> list[str] | None:
+    """The stage's quantizable graphs, or None (all) when it marks none."""
+    from cosycompile.stages import get_stage
+
+    marked = [g.name for g in get_stage(stage).graphs if g.quantizable]
+    return marked or None
+
+
+def quantize(ctx: StepContext) -> dict[str, Any]:
+    """Rewrite the linears of each chosen program; the other programs are linked through."""
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+    from cosycompile.stages import get_stage
+    from cosycompile.stages.common import export_program
+
+    s, stage = ctx.spec, ctx.params["stage"]
+    pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and ctx.params.get("target_kind") == "gpu" else 0
+    info = read_graphs_dir(ctx.inputs["graphs"]).info
+
+    def one(name: str, src: Path, dst: Path) -> dict[str, Any]:
+        gm = torch.export.load(str(src)).module()
+        result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32))
+        ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
+        program, _ = export_program(Program(gm), get_stage(stage).graph(name), info)
+        torch.export.save(program, str(dst))
+        return result
+
+    chosen = list(s.graphs) if s.graphs is not None else default_graphs(stage)
+    meta = rewrite_programs(ctx, s.format, chosen, one)
+    matched = {w for r in meta["quantized"].values() for w, why in r["kept_fp32"].items() if why == "keep_fp32"}
+    unmatched = [p for p in s.keep_fp32 if not any(re.search(p, w) for w in matched)]
+    if unmatched:
+        raise RecipeError(f"stages.{stage}.quantize.keep_fp32: {unmatched[0]!r} matches no linear weight of "
+                          f"{', '.join(meta['quantized'])}")
+    return meta
+
+
+class Program(torch.nn.Module):
+    """A rewritten program module behind a plain ``forward(*args)`` for ``torch.export``."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: torch.Tensor) -> Any:
+        return self.inner(*args)

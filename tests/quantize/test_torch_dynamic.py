@@ -1,0 +1,167 @@
+"""torch_dynamic: INT8 and FP8 linears rewritten into torch programs (torch._int_mm /
+torch._scaled_mm), on the tiny model's real programs: the weights are stored quantized, the result
+stays close to FP32 without being equal to it, the GPU row padding changes nothing, and the recipe
+keys fail as one line. The compiled INT8 packages are built and checked in tests/backends/test_torch.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import REPO, run_cli, until_outputs, write_recipe
+
+
+@pytest.fixture(scope="module")
+def programs(tiny_model_dir: Path) -> dict[str, Any]:
+    """The flow estimator and LLM decode step of the tiny model as exported programs, with inputs."""
+    from cosycompile.models.loader import load_models
+    from cosycompile.stages import get_stage
+    from cosycompile.stages.common import export_program, program_example_inputs
+
+    models = load_models(tiny_model_dir, ("llm", "flow"))
+    out = {}
+    for stage, graph in (("flow", "flow_estimator"), ("llm", "llm_step")):
+        modules, _, info = get_stage(stage).hook("modules")(models)
+        spec = get_stage(stage).graph(graph)
+        program, _ = export_program(modules[graph], spec, info)
+        out[graph] = {"program": program, "spec": spec, "info": info,
+                      "inputs": program_example_inputs(spec, info)}
+    return out
+
+
+def _rewrite(entry: dict[str, Any], fmt: str, pad_rows: int = 0, keep: tuple[str, ...] = ()) -> tuple[Any, dict]:
+    from cosycompile.quantize.torch_dynamic.quantize import Program, rewrite_linears
+    from cosycompile.stages.common import export_program
+
+    gm = entry["program"].module()
+    done = rewrite_linears(gm, fmt, pad_rows, list(keep))
+    program, _ = export_program(Program(gm), entry["spec"], entry["info"])
+    return program, done
+
+
+def _first(out: Any) -> Any:
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _call_counts(program: Any) -> dict[str, int]:
+    calls = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    return {op: calls.count(op) for op in ("aten._int_mm.default", "aten._scaled_mm.default", "aten.linear.default",
+                                            "aten.constant_pad_nd.default", "aten.pad.default")}
+
+
+@pytest.mark.parametrize(("graph", "fmt", "max_rel_error"), [
+    ("flow_estimator", "int8", 0.01), ("flow_estimator", "fp8", 0.03),
+    ("llm_step", "int8", 0.01), ("llm_step", "fp8", 0.03),
+])
+def test_linears_become_quantized_gemms_close_to_fp32(programs: dict, graph: str, fmt: str,
+                                                      max_rel_error: float) -> None:
+    import torch
+
+    entry = programs[graph]
+    fp32_linears = _call_counts(entry["program"])["aten.linear.default"]
+    program, done = _rewrite(entry, fmt)
+    counts = _call_counts(program)
+    gemm = counts["aten._int_mm.default" if fmt == "int8" else "aten._scaled_mm.default"]
+    # Every constant-weight linear became a quantized GEMM, except those the kernels' alignment excludes.
+    assert gemm == fp32_linears - counts["aten.linear.default"] and gemm >= done["quantized_linears"] > 0
+    assert all("not a multiple" in why for why in done["kept_fp32"].values())
+    dtype = torch.int8 if fmt == "int8" else torch.float8_e4m3fn
+    quantized = [v for v in program.state_dict.values() if v.dtype == dtype]
+    assert len(quantized) == done["quantized_linears"]
+    # The FP32 copies of the quantized weights are gone from the program.
+    fp32_bytes = sum(v.numel() * 4 for v in entry["program"].state_dict.values())
+    new_bytes = sum(v.numel() * v.element_size() for v in program.state_dict.values())
+    scale_bytes = sum(v.numel() * 4 for k, v in program.state_dict.items() if k.endswith("_scale"))
+    assert new_bytes == fp32_bytes - 3 * sum(v.numel() for v in quantized) + scale_bytes
+    with torch.no_grad():
+        want = _first(entry["program"].module()(*entry["inputs"]))
+        got = _first(program.module()(*entry["inputs"]))
+    rel = float((want - got).norm() / want.norm())
+    assert 0 < rel < max_rel_error, rel  # quantized (not equal), yet close
+
+
+def test_gpu_row_padding_changes_nothing(programs: dict) -> None:
+    """CUDA's INT8 GEMM needs more than 16 rows: GPU programs pad every call's rows and slice them
+    off again, and compute exactly what the CPU program computes (here, on the CPU)."""
+    import torch
+
+    entry = programs["llm_step"]
+    plain, _ = _rewrite(entry, "int8")
+    padded, _ = _rewrite(entry, "int8", pad_rows=16)
+    counts = _call_counts(padded)
+    assert counts["aten.constant_pad_nd.default"] + counts["aten.pad.default"] >= counts["aten._int_mm.default"] > 0
+    assert _call_counts(plain)["aten.constant_pad_nd.default"] + _call_counts(plain)["aten.pad.default"] == 0
+    with torch.no_grad():
+        a = plain.module()(*entry["inputs"])
+        b = padded.module()(*entry["inputs"])
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_keep_fp32_keeps_the_matching_linears(programs: dict) -> None:
+    entry = programs["flow_estimator"]
+    _, everything = _rewrite(entry, "int8")
+    program, done = _rewrite(entry, "int8", keep=("attn",))
+    kept = [w for w, why in done["kept_fp32"].items() if why == "keep_fp32"]
+    assert kept and all("attn" in w for w in kept)
+    assert done["quantized_linears"] == everything["quantized_linears"] - len(kept)
+    assert _call_counts(program)["aten.linear.default"] == len(kept)
+
+
+def _flow_only(tmp: Path, quantize: dict, target: str = "cpu") -> Path:
+    return write_recipe(tmp / "r.yaml", {
+        "name": "torch-dyn", "target": target,
+        "stages": {"llm": {"enabled": False}, "hift": {"enabled": False},
+                   "flow": {"engine": {"backend": "torch"}, "quantize": quantize}}})
+
+
+@pytest.mark.parametrize(("keep", "says"), [
+    (["no_such_layer"], "stages.flow.quantize.keep_fp32: 'no_such_layer' matches no linear weight of flow_estimator"),
+    (["("], "not a regular expression: '('"),
+])
+def test_keep_fp32_errors_are_one_line(tmp_path: Path, keep: list[str], says: str) -> None:
+    recipe = _flow_only(tmp_path, {"format": "int8", "keep_fp32": keep})
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+    assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_fp8_program_for_h100_is_written_on_a_cpu_machine(tmp_path: Path) -> None:
+    """An H100 recipe's FP8 flow program is quantized here (the engine step is left for the GPU); the
+    program runs on this CPU through torch's FP8 emulation and stays close to the FP32 program."""
+    import torch
+
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+    from cosycompile.stages import get_stage
+    from cosycompile.stages.common import program_example_inputs
+
+    recipe = _flow_only(tmp_path, {"format": "fp8"}, target="h100")
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    exported = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "export", "-q")
+    assert exported.returncode == 0 and "ran: nothing" in exported.stdout, exported.stdout + exported.stderr
+    q = read_graphs_dir(until_outputs(res.stdout)["flow.quantize"])
+    fp32 = read_graphs_dir(until_outputs(exported.stdout)["flow.export"])
+    assert q.info["precision"] == "fp8" and q.graphs["flow_estimator"]["precision"] == "fp8"
+    assert q.graphs["flow_encoder"] == fp32.graphs["flow_encoder"]  # only the quantizable graph
+    program = torch.export.load(str(q.graph_path("flow_estimator")))
+    assert _call_counts(program)["aten._scaled_mm.default"] > 0
+    inputs = program_example_inputs(get_stage("flow").graph("flow_estimator"), q.info)
+    with torch.no_grad():
+        want = torch.export.load(str(fp32.graph_path("flow_estimator"))).module()(*inputs)
+        got = program.module()(*inputs)
+    assert 0 < float((want - got).norm() / want.norm()) < 0.03
+
+
+def test_int8_is_chosen_for_torch_and_not_for_onnxruntime(tmp_path: Path) -> None:
+    from cosycompile.recipe.schema import load_recipe
+
+    r = load_recipe(REPO / "recipes" / "cpu-torch-int8.yaml")
+    assert r.typed("llm")["quantizer"].name == "torch_dynamic" and r.typed("flow")["quantizer"].name == "torch_dynamic"
+    assert load_recipe(REPO / "recipes" / "cpu-int8.yaml").typed("flow")["quantizer"].name == "modelopt_onnx"
+    bad = write_recipe(tmp_path / "bad.yaml", {"name": "b", "stages": {"flow": {"quantize": {
+        "format": "int8", "quantizer": "torch_dynamic"}}}})
+    res = run_cli("plan", str(bad), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "quantizer 'torch_dynamic' writes ops only torch runs" in res.stderr, res.stderr
