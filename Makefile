@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-gpu bench lint clean
+.PHONY: install demo test test-fast test-gpu bench bench-gpu lint clean
 
 install: $(STAMP)
 
@@ -36,6 +36,10 @@ test-gpu: install
 
 bench: install
 	$(PY) bench/run_all.py
+
+# On a machine with a CUDA GPU: the LLM decode step's packages on that GPU (fp32 eager, bf16, int8, fp8).
+bench-gpu: install
+	$(PY) bench/llm_decode.py --device cuda
 
 lint: install
 	$(VENV)/bin/ruff check cosycompile tests bench

@@ -1,5 +1,5 @@
-"""Shared by the benchmarks that run PyTorch networks directly: a built-in model materialised once
-through the build's own cached ``model`` step, then loaded like any checkpoint dir."""
+"""Shared by the benchmarks: a built-in model materialised once through the build's own cached
+``model`` step, then loaded like any checkpoint dir; and the cached steps of a derived recipe."""
 
 from __future__ import annotations
 
@@ -28,3 +28,27 @@ def load_builtin(model: str, stages: tuple[str, ...], artifacts: Path, threads: 
     store = Store(artifacts)
     result = Executor(store, [model_step], StateFile(store.root / "state" / f"{name}.json"), Reporter()).run()
     return load_reference(result.entries["model"].data, stages, threads)
+
+
+def build_steps(recipe_body: dict[str, Any], name: str, steps: list[str], artifacts: Path) -> dict[str, Path]:
+    """Output dirs of ``steps`` (e.g. ``flow.engine``, ``model``) of the recipe ``recipe_body`` called
+    ``name``, written under ``artifacts/bench`` and run through the normal cached build graph."""
+    import yaml
+
+    from cosycompile.cache.local import Store
+    from cosycompile.core.graph import Executor, Reporter, StateFile
+    from cosycompile.plan import plan_build
+    from cosycompile.recipe.schema import load_recipe
+
+    path = artifacts / "bench" / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({**recipe_body, "name": name}))
+    plan = plan_build(load_recipe(path))
+    by_name = {s.name: s for stage in plan.stage_steps.values() for s in stage.values()}
+    model_step = next(iter(by_name.values())).deps.get("model")
+    if model_step is not None:
+        by_name["model"] = model_step
+    store = Store(artifacts)
+    result = Executor(store, [by_name[s] for s in steps], StateFile(store.root / "state" / f"{name}.json"),
+                      Reporter()).run()
+    return {s: result.entries[s].data for s in steps}

@@ -33,23 +33,11 @@ sys.path.insert(0, str(REPO))
 
 
 def build(recipe_body: dict, name: str, stages: tuple[str, ...], art: Path) -> dict[str, Path]:
-    """Engine dirs of ``stages`` for a derived recipe, through the cached build graph."""
-    import yaml
+    """Engine dirs of ``stages`` for a derived recipe (and the model dir), through the cached build graph."""
+    from builtin_models import build_steps
 
-    from cosycompile.cache.local import Store
-    from cosycompile.core.graph import Executor, Reporter, StateFile
-    from cosycompile.plan import plan_build
-    from cosycompile.recipe.schema import load_recipe
-
-    path = art / "bench" / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({**recipe_body, "name": name}))
-    plan = plan_build(load_recipe(path))
-    store = Store(art)
-    targets = [plan.stage_steps[s]["engine"] for s in stages]
-    result = Executor(store, targets, StateFile(store.root / "state" / f"{name}.json"), Reporter()).run()
-    return {s: result.entries[plan.stage_steps[s]["engine"].name].data for s in stages} | {
-        "model": result.entries["model"].data}
+    out = build_steps(recipe_body, name, [f"{s}.engine" for s in stages] + ["model"], art)
+    return {s: out[f"{s}.engine"] for s in stages} | {"model": out["model"]}
 
 
 def gemm_gflops(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float:

@@ -214,3 +214,34 @@ def test_format_picks_the_quantizer_the_backend_runs(tmp_path: Path) -> None:
     trt_fp16 = write_recipe(tmp_path / "r.yaml", {
         "extends": str(REPO / "recipes" / "rtx4090-fp16.yaml"), "name": "r"}, base=False)
     assert load_recipe(trt_fp16).typed("flow")["quantizer"].name == "modelopt_autocast"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_cuda_quantized_linears_pass_their_checks(tmp_path: Path, fmt: str) -> None:
+    """On a CUDA machine (``make test-gpu``): torch_dynamic's INT8 (rows padded for cuBLASLt) and FP8
+    programs compile for this GPU and hold the LLM's logits and the flow's mel."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cosycompile.recipe.targets import targets_with_sm
+
+    sm = tuple(torch.cuda.get_device_capability())
+    if fmt == "fp8" and sm < (8, 9):
+        pytest.skip(f"FP8 GEMMs need sm89+, this GPU is sm{sm[0]}{sm[1]}")
+    target = next((t.name for t in sorted(targets_with_sm(sm), key=lambda t: t.rtx_class)), None)
+    if target is None:
+        pytest.skip(f"no target in cosycompile's table for sm{sm[0]}{sm[1]}")
+    recipe = write_recipe(tmp_path / "cuda.yaml", {
+        "name": f"torch-cuda-{fmt}", "target": target,
+        "stages": {"hift": {"enabled": False},
+                   "llm": {"engine": {"backend": "torch"}, "quantize": {"format": fmt}},
+                   "flow": {"engine": {"backend": "torch"}, "quantize": {"format": fmt}}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "check", "-q", timeout=1800)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    out = until_outputs(res.stdout)
+    llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
+    flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
+    assert llm["logit_cosine"] >= 0.99 and flow["cfm_mel_snr_db_min"] >= 30, (llm, flow)

@@ -1,0 +1,206 @@
+"""Benchmark: the LLM decode step as torch-backend packages (AOTInductor), ms/token at batch 1 and 8
+against the PyTorch FP32 eager step, with the memory-bandwidth floor and the logit cosine.
+
+For each format (fp32; bf16 from torch_autocast; int8 and fp8 from torch_dynamic) the LLM engine
+of recipes/cpu-torch.yaml is built for this machine's device through the cached build graph (a CUDA
+target is the GPU's own, e.g. h100; CUDA packages are compiled on that GPU). Then, same inputs:
+- decode: a past of ``--past`` positions, ``--tokens`` one-token steps with the cache kept on the
+  device, timed in interleaved pairs against the FP32 eager step (the project's ratio method);
+- floor: bytes one step reads (the program's weights + the mean KV cache) / the device's copy
+  throughput measured in the same run (read + write bytes per second of a large tensor copy);
+- quality: teacher-forced logit cosine against the PyTorch FP32 reference.
+
+Usage: python bench/llm_decode.py [--device auto|cpu|cuda] [--formats fp32,bf16,int8,fp8]
+       [--batches 1,8] [--model builtin:random-0.5b]
+Writes artifacts/bench/llm_decode-<device>.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def gpu_target(torch: Any) -> str:
+    """The cosycompile target of this GPU (its compute capability, the data-center card first)."""
+    from cosycompile.recipe.targets import targets_with_sm
+
+    sm = tuple(torch.cuda.get_device_capability())
+    found = sorted(targets_with_sm(sm), key=lambda t: t.rtx_class)
+    if not found:
+        raise SystemExit(f"no cosycompile target for sm{sm[0]}{sm[1]}")
+    return found[0].name
+
+
+def copy_bytes_per_s(torch: Any, device: str, mib: int = 512, reps: int = 5) -> float:
+    """Read + write bytes per second of the best of ``reps`` copies of a ``mib`` MiB tensor."""
+    x = torch.empty(mib << 18, dtype=torch.float32, device=device).uniform_()
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(reps + 1):
+        sync(torch, device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        sync(torch, device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * x.numel() * 4 / best
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), or the architecture."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def sync(torch: Any, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def program_bytes(graphs_dir: Path) -> int:
+    """Bytes of the decode step's weights and constants as its program stores them."""
+    import torch
+
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+
+    gd = read_graphs_dir(graphs_dir)
+    program = torch.export.load(str(gd.graph_path("llm_step")))
+    tensors = list(program.state_dict.values()) + [v for v in program.constants.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def decoder(step: Callable[..., Any], torch: Any, device: str, batch: int, past: int, tokens: int,
+            layers: int, kv_heads: int, head_dim: int, hidden: int) -> Callable[[], None]:
+    """A run of ``tokens`` one-token steps from a random past of ``past`` positions, on the device."""
+    gen = torch.Generator().manual_seed(0)
+    cache0 = torch.randn(layers, 2, batch, kv_heads, past, head_dim, generator=gen).to(device)
+    embeds = (0.02 * torch.randn(tokens, batch, 1, hidden, generator=gen)).to(device)
+
+    def run() -> None:
+        cache = cache0
+        with torch.inference_mode():
+            for i in range(tokens):
+                _, cache = step(embeds[i], cache)
+        sync(torch, device)
+
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:random-0.5b")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--formats", default=None, help="comma list (default: fp32,bf16,int8 on a CPU, and fp8 on sm89+)")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
+    ap.add_argument("--tokens", type=int, default=32, help="decode steps per timed run")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    args = ap.parse_args()
+    art = Path(args.artifacts)
+
+    import torch
+
+    from builtin_models import build_steps
+    from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.pipeline import Prompt
+    from cosycompile.stages import get_stage
+    from cosycompile.validate.metrics import logit_cosine
+    from cosycompile.validate.speed import paired_ratio
+
+    torch.set_num_threads(args.threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    target = gpu_target(torch) if device == "cuda" else "cpu"
+    sm = torch.cuda.get_device_capability() if device == "cuda" else None
+    formats = (args.formats.split(",") if args.formats else
+               ["fp32", "bf16", "int8"] + (["fp8"] if sm is not None and tuple(sm) >= (8, 9) else []))
+    batches = [int(b) for b in args.batches.split(",")]
+
+    t0 = time.perf_counter()
+    built: dict[str, dict[str, Path]] = {}
+    for fmt in formats:
+        stages: dict[str, Any] = {"flow": {"enabled": False}, "hift": {"enabled": False}}
+        if fmt != "fp32":
+            stages["llm"] = {"quantize": {"format": fmt}}
+        body = {"extends": str(REPO / "recipes" / "cpu-torch.yaml"), "model": args.model, "target": target,
+                "stages": stages}
+        graphs = "llm.quantize" if fmt != "fp32" else "llm.export"
+        built[fmt] = build_steps(body, f"bench-llm-{target}-{fmt}", ["llm.engine", graphs, "model"], art)
+        built[fmt]["graphs"] = built[fmt][graphs]
+    build_s = time.perf_counter() - t0
+
+    models = load_reference(built[formats[0]]["model"], ("llm",), args.threads)
+    modules, _, info = get_stage("llm").hook("modules")(models)
+    ref = reference_runtime("llm", models)
+    rng = np.random.default_rng(0)
+    text = rng.integers(0, ref.text_embedding.shape[0], 24)
+    speech = rng.integers(0, int(info["speech_token_size"]), 48)
+    ref_logits = ref.teacher_forced_logits(text, Prompt.empty(), speech)  # on the CPU, before the move
+    eager = modules["llm_step"].to(device).eval()
+    shape = dict(layers=int(info["num_layers"]), kv_heads=int(info["kv_heads"]), head_dim=int(info["head_dim"]),
+                 hidden=ref.text_embedding.shape[1])
+    bandwidth = copy_bytes_per_s(torch, device)
+    kv_bytes_per_position = shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * 4
+    out: dict[str, Any] = {
+        "model": args.model, "device": device, "target": target, "threads": args.threads, "past": args.past,
+        "tokens": args.tokens, "pairs": args.pairs, "torch": torch.__version__, "build_seconds": build_s,
+        "machine": (torch.cuda.get_device_name() if device == "cuda" else
+                    f"{cpu_name()}, {torch.get_num_threads()} threads"),
+        "copy_gb_per_s": bandwidth / 1e9, "rows": []}
+    for fmt in formats:
+        rt = stage_runtime("llm", built[fmt]["llm.engine"], args.threads)
+        runner = rt.runner
+        names = get_stage("llm").graph("llm_step")
+        cosine = logit_cosine(ref_logits, rt.teacher_forced_logits(text, Prompt.empty(), speech))
+        weights = program_bytes(built[fmt]["graphs"])
+
+        def package_step(embeds: Any, cache: Any) -> Any:
+            o = runner.run({names.input_names[0]: embeds, names.input_names[1]: cache})
+            return o[names.output_names[0]], o[names.output_names[1]]
+
+        for batch in batches:
+            run_eager = decoder(lambda e, c: eager(e, c), torch, device, batch, args.past, args.tokens, **shape)
+            run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape)
+            r = paired_ratio(run_eager, run_pkg, pairs=args.pairs)
+            kv = batch * kv_bytes_per_position * (args.past + args.tokens / 2)
+            floor_ms = 1000 * (weights + kv) / bandwidth
+            out["rows"].append({"format": fmt, "batch": batch, "ms_per_token": 1000 * r.candidate_s / args.tokens,
+                                "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,
+                                "speedup_vs_eager_fp32": r.ratio, "spread": r.spread, "pairs": r.pairs,
+                                "weight_bytes": weights, "floor_ms_per_token": floor_ms, "logit_cosine": cosine})
+    dest = art / "bench" / f"llm_decode-{device}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1, default=float))
+    print(f"{args.model} LLM decode step on {out['machine']} ({target}), past {args.past}, {args.tokens} tokens a run, "
+          f"copy throughput {out['copy_gb_per_s']:.1f} GB/s (read + write)")
+    print("| format | batch | ms/token | vs FP32 eager (median of pairs, spread) | floor ms/token (weights MB) | "
+          "logit cosine |")
+    print("|---|---|---|---|---|---|")
+    for row in out["rows"]:
+        print(f"| {row['format']} | {row['batch']} | {row['ms_per_token']:.3f} | {row['speedup_vs_eager_fp32']:.2f}x "
+              f"({row['spread'][0]:.2f}-{row['spread'][1]:.2f}, {row['pairs']} pairs; eager "
+              f"{row['eager_fp32_ms_per_token']:.3f} ms) | {row['floor_ms_per_token']:.3f} ({row['weight_bytes'] / 1e6:.0f}) | "
+              f"{row['logit_cosine']:.4f} |")
+    print(f"result: {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
