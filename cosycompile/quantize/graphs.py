@@ -1,5 +1,5 @@
-"""The loop every ONNX quantizer shares: quantize the stage's quantizable graphs, link the others
-through unchanged, record each quantized graph's op counts, write the graphs dir."""
+"""The loop every quantizer of exported graphs shares (ONNX graphs and torch programs alike):
+quantize the chosen graphs of a stage, link the others through unchanged, write the graphs dir."""
 
 from __future__ import annotations
 
@@ -7,34 +7,53 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cosycompile.core.graph import StepContext
+from cosycompile.errors import RecipeError
 from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, link_or_copy, read_graphs_dir
 
 _OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
         "MatMul", "Conv")
 
 
-def quantize_graphs(ctx: StepContext, fmt: str, one: Callable[[str, GraphsDir, Path], None],
-                    info: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Call ``one(name, src, dst)`` for each quantizable graph of ``ctx.params["stage"]`` (it writes
-    ``dst``); returns the step's metadata (op counts per quantized graph)."""
-    from cosycompile.stages import get_stage
-
-    quantizable = [g.name for g in get_stage(ctx.params["stage"]).graphs if g.quantizable]
+def rewrite_graphs(ctx: StepContext, fmt: str, chosen: list[str] | None,
+                   one: Callable[[str, GraphsDir, Path], dict[str, Any]],
+                   info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Call ``one(name, src, dst)`` for each graph of ``ctx.params["stage"]`` in ``chosen`` (None: all
+    of them); it writes ``dst`` and returns what it did. Returns the step's metadata, by graph."""
+    stage = ctx.params["stage"]
     src = read_graphs_dir(ctx.inputs["graphs"])
+    names = list(chosen) if chosen is not None else list(src.graphs)
+    unknown = sorted(set(names) - set(src.graphs))
+    if unknown:
+        raise RecipeError(f"stages.{stage}.quantize.graphs: {', '.join(unknown)} not in stage '{stage}' "
+                          f"(graphs: {', '.join(src.graphs)})")
     out = copy_assets(src, ctx.out)
-    stats: dict[str, Any] = {}
+    done: dict[str, Any] = {}
     for name, g in src.graphs.items():
         dst = ctx.out / g["file"]
-        if name not in quantizable:
+        if name not in names:
             link_or_copy(src.graph_path(name), dst)
             continue
-        one(name, src, dst)
+        done[name] = one(name, src, dst)
         out.graphs[name] = dict(g, precision=fmt)
-        stats[name] = op_counts(dst)
-        ctx.log(f"{name}: {stats[name]}")
-    out.info.update({"precision": fmt, "quantized_graphs": quantizable, **(info or {})})
+    out.info.update({"precision": fmt, "quantized_graphs": names, **(info or {})})
     out.write()
-    return {"quantized": stats}
+    return {"quantized": done}
+
+
+def quantize_graphs(ctx: StepContext, fmt: str, one: Callable[[str, GraphsDir, Path], None],
+                    info: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ONNX quantizers' form: ``one`` quantizes each quantizable graph of the stage; the metadata
+    holds each quantized graph's op counts."""
+    from cosycompile.stages import get_stage
+
+    def counted(name: str, src: GraphsDir, dst: Path) -> dict[str, int]:
+        one(name, src, dst)
+        counts = op_counts(dst)
+        ctx.log(f"{name}: {counts}")
+        return counts
+
+    quantizable = [g.name for g in get_stage(ctx.params["stage"]).graphs if g.quantizable]
+    return rewrite_graphs(ctx, fmt, quantizable, counted, info)
 
 
 def op_counts(path: Path) -> dict[str, int]:

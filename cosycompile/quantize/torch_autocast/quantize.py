@@ -8,30 +8,29 @@ from typing import Any
 import torch
 
 from cosycompile.core.graph import StepContext
-from cosycompile.quantize.programs import rewrite_programs
+from cosycompile.quantize.graphs import rewrite_graphs
+from cosycompile.runtime.graphs_dir import GraphsDir
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
     """Re-export each chosen program of the stage under autocast; the others are linked through."""
-    from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 
     stage, fmt = ctx.params["stage"], ctx.spec.format
     dtype = getattr(torch, _DTYPES[fmt])
-    info = read_graphs_dir(ctx.inputs["graphs"]).info
 
-    def one(name: str, src: Path, dst: Path) -> dict[str, Any]:
+    def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         ctx.log(f"{name}: autocast {fmt}")
-        inner = torch.export.load(str(src)).module()
-        program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), info)
+        inner = torch.export.load(str(src.graph_path(name))).module()
+        program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), src.info)
         # Decomposing turns the autocast region into explicit casts, which do not depend on the device.
         torch.export.save(program.run_decompositions({}), str(dst))
         return {"dtype": str(dtype)}
 
-    return rewrite_programs(ctx, fmt, list(ctx.spec.graphs) if ctx.spec.graphs is not None else None, one)
+    return rewrite_graphs(ctx, fmt, list(ctx.spec.graphs) if ctx.spec.graphs is not None else None, one)
 
 
 class Autocast(torch.nn.Module):

@@ -9,8 +9,9 @@ from typing import Any, Callable
 import torch
 
 from cosycompile.core.graph import StepContext
+from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.errors import RecipeError
-from cosycompile.quantize.programs import rewrite_programs
+from cosycompile.quantize.graphs import rewrite_graphs
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
@@ -124,24 +125,22 @@ def default_graphs(stage: str) -> list[str] | None:
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
     """Rewrite the linears of each chosen program; the other programs are linked through."""
-    from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 
     s, stage = ctx.spec, ctx.params["stage"]
     pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and ctx.params.get("target_kind") == "gpu" else 0
-    info = read_graphs_dir(ctx.inputs["graphs"]).info
 
-    def one(name: str, src: Path, dst: Path) -> dict[str, Any]:
-        gm = torch.export.load(str(src)).module()
+    def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
+        gm = torch.export.load(str(src.graph_path(name))).module()
         result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32))
         ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
-        program, _ = export_program(Program(gm), get_stage(stage).graph(name), info)
+        program, _ = export_program(Program(gm), get_stage(stage).graph(name), src.info)
         torch.export.save(program, str(dst))
         return result
 
     chosen = list(s.graphs) if s.graphs is not None else default_graphs(stage)
-    meta = rewrite_programs(ctx, s.format, chosen, one)
+    meta = rewrite_graphs(ctx, s.format, chosen, one)
     matched = {w for r in meta["quantized"].values() for w, why in r["kept_fp32"].items() if why == "keep_fp32"}
     unmatched = [p for p in s.keep_fp32 if not any(re.search(p, w) for w in matched)]
     if unmatched:
