@@ -73,15 +73,32 @@ def sync(torch: Any, device: str) -> None:
 
 
 def program_bytes(graphs_dir: Path) -> int:
-    """Bytes of the decode step's weights and constants as its program stores them."""
+    """Bytes of weights one decode step reads, from its program: only the tensors some node uses
+    (the Qwen2 token embedding is in the state dict, but the step takes embeddings as input), each
+    counted in the dtype it is cast to where casts are all that read it (autocast's BF16 weights,
+    which AOTInductor's freezing folds into BF16 constants)."""
     import torch
 
     from cosycompile.runtime.graphs_dir import read_graphs_dir
 
     gd = read_graphs_dir(graphs_dir)
     program = torch.export.load(str(gd.graph_path("llm_step")))
-    tensors = list(program.state_dict.values()) + [v for v in program.constants.values() if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    tensors = {**program.state_dict, **program.constants}
+    nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    casts = (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype)
+    total = 0
+    for spec in program.graph_signature.input_specs:
+        tensor = tensors.get(spec.target) if spec.target else None
+        node = nodes.get(getattr(spec.arg, "name", ""))
+        if not isinstance(tensor, torch.Tensor) or node is None or not node.users:
+            continue
+        size = tensor.element_size()
+        if all(u.target in casts for u in node.users):
+            cast = {u.kwargs.get("dtype", u.args[1] if len(u.args) > 1 else None) for u in node.users}
+            if len(cast) == 1 and isinstance(next(iter(cast)), torch.dtype):
+                size = min(size, next(iter(cast)).itemsize)
+        total += tensor.numel() * size
+    return total
 
 
 def decoder(step: Callable[..., Any], torch: Any, device: str, batch: int, past: int, tokens: int,
