@@ -44,16 +44,20 @@ def quantize_graphs(ctx: StepContext, fmt: str, one: Callable[[str, GraphsDir, P
                     info: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ONNX quantizers' form: ``one`` quantizes each quantizable graph of the stage; the metadata
     holds each quantized graph's op counts."""
-    from cosycompile.stages import get_stage
-
     def counted(name: str, src: GraphsDir, dst: Path) -> dict[str, int]:
         one(name, src, dst)
         counts = op_counts(dst)
         ctx.log(f"{name}: {counts}")
         return counts
 
-    quantizable = [g.name for g in get_stage(ctx.params["stage"]).graphs if g.quantizable]
-    return rewrite_graphs(ctx, fmt, quantizable, counted, info)
+    return rewrite_graphs(ctx, fmt, quantizable_graphs(ctx.params["stage"]), counted, info)
+
+
+def quantizable_graphs(stage: str) -> list[str]:
+    """The graphs a stage marks as worth quantizing (the flow estimator, HiFT; none for the LLM)."""
+    from cosycompile.stages import get_stage
+
+    return [g.name for g in get_stage(stage).graphs if g.quantizable]
 
 
 def op_counts(path: Path) -> dict[str, int]:

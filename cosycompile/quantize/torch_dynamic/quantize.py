@@ -11,7 +11,7 @@ import torch
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.errors import RecipeError
-from cosycompile.quantize.graphs import rewrite_graphs
+from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
@@ -115,14 +115,6 @@ def _get(gm: torch.nn.Module, dotted: str) -> torch.Tensor:
     return obj
 
 
-def default_graphs(stage: str) -> list[str] | None:
-    """The stage's quantizable graphs, or None (all) when it marks none."""
-    from cosycompile.stages import get_stage
-
-    marked = [g.name for g in get_stage(stage).graphs if g.quantizable]
-    return marked or None
-
-
 def quantize(ctx: StepContext) -> dict[str, Any]:
     """Rewrite the linears of each chosen program; the other programs are linked through."""
     from cosycompile.stages import get_stage
@@ -139,7 +131,8 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         torch.export.save(program, str(dst))
         return result
 
-    chosen = list(s.graphs) if s.graphs is not None else default_graphs(stage)
+    # The LLM marks no graph quantizable: then its one program, the decode step.
+    chosen = list(s.graphs) if s.graphs is not None else (quantizable_graphs(stage) or None)
     meta = rewrite_graphs(ctx, s.format, chosen, one)
     matched = {w for r in meta["quantized"].values() for w, why in r["kept_fp32"].items() if why == "keep_fp32"}
     unmatched = [p for p in s.keep_fp32 if not any(re.search(p, w) for w in matched)]
