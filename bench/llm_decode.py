@@ -5,7 +5,9 @@ For each format (fp32; bf16 from torch_autocast; int8 and fp8 from torch_dynamic
 of recipes/cpu-torch.yaml is built for this machine's device through the cached build graph (a CUDA
 target is the GPU's own, e.g. h100; CUDA packages are compiled on that GPU). Then, same inputs:
 - decode: a past of ``--past`` positions, ``--tokens`` one-token steps with the cache kept on the
-  device, timed in interleaved pairs against the FP32 eager step (the project's ratio method);
+  device, timed in interleaved pairs against the FP32 eager step (the project's ratio method),
+  once through ``llm_step`` on the growing cache and once through ``llm_step_static`` over a cache
+  of fixed size, which on a GPU is replayed as a CUDA graph (backends/torch/static_decode.py);
 - floor: bytes one step reads (the program's weights + the mean KV cache) / the device's copy
   throughput measured in the same run (read + write bytes per second of a large tensor copy);
 - quality: teacher-forced logit cosine against the PyTorch FP32 reference.
@@ -101,9 +103,11 @@ def program_bytes(graphs_dir: Path) -> int:
     return total
 
 
-def decoder(step: Callable[..., Any], torch: Any, device: str, batch: int, past: int, tokens: int,
-            layers: int, kv_heads: int, head_dim: int, hidden: int) -> Callable[[], None]:
-    """A run of ``tokens`` one-token steps from a random past of ``past`` positions, on the device."""
+def decoder(step: Callable[..., Any] | None, torch: Any, device: str, batch: int, past: int, tokens: int,
+            layers: int, kv_heads: int, head_dim: int, hidden: int, static: Any = None) -> Callable[[], None]:
+    """A run of ``tokens`` one-token steps from a random past of ``past`` positions, on the device:
+    through ``step(embeds, cache) -> (logits, present)`` on the growing cache, or through a
+    ``StaticCacheDecoder`` (``static``; its CUDA graph on a GPU), started from the same past."""
     gen = torch.Generator().manual_seed(0)
     cache0 = torch.randn(layers, 2, batch, kv_heads, past, head_dim, generator=gen).to(device)
     embeds = (0.02 * torch.randn(tokens, batch, 1, hidden, generator=gen)).to(device)
@@ -111,8 +115,13 @@ def decoder(step: Callable[..., Any], torch: Any, device: str, batch: int, past:
     def run() -> None:
         cache = cache0
         with torch.inference_mode():
+            if static is not None:
+                static.start(cache0, tokens)
             for i in range(tokens):
-                _, cache = step(embeds[i], cache)
+                if static is not None:
+                    static.step(embeds[i])
+                else:
+                    _, cache = step(embeds[i], cache)
         sync(torch, device)
 
     return run
@@ -192,26 +201,34 @@ def main() -> int:
             o = runner.run({names.input_names[0]: embeds, names.input_names[1]: cache})
             return o[names.output_names[0]], o[names.output_names[1]]
 
+        # The static-cache package: its own CUDA graph on a GPU, plain calls on a CPU.
+        loops = {"growing cache": None, "static cache" + (", CUDA graph" if device == "cuda" else ""): rt.static}
         for batch in batches:
             run_eager = decoder(lambda e, c: eager(e, c), torch, device, batch, args.past, args.tokens, **shape)
-            run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape)
-            r = paired_ratio(run_eager, run_pkg, pairs=args.pairs)
             kv = batch * kv_bytes_per_position * (args.past + args.tokens / 2)
             floor_ms = 1000 * (weights + kv) / bandwidth
-            out["rows"].append({"format": fmt, "batch": batch, "ms_per_token": 1000 * r.candidate_s / args.tokens,
-                                "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,
-                                "speedup_vs_eager_fp32": r.ratio, "spread": r.spread, "pairs": r.pairs,
-                                "weight_bytes": weights, "floor_ms_per_token": floor_ms, "logit_cosine": cosine})
+            for loop, static in loops.items():
+                if loop != "growing cache" and static is None:
+                    continue
+                run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape,
+                                  static=static.decoder() if static is not None else None)
+                r = paired_ratio(run_eager, run_pkg, pairs=args.pairs)
+                out["rows"].append({"format": fmt, "loop": loop, "batch": batch,
+                                    "ms_per_token": 1000 * r.candidate_s / args.tokens,
+                                    "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,
+                                    "speedup_vs_eager_fp32": r.ratio, "spread": r.spread, "pairs": r.pairs,
+                                    "weight_bytes": weights, "floor_ms_per_token": floor_ms, "logit_cosine": cosine})
     dest = art / "bench" / f"llm_decode-{device}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1, default=float))
     print(f"{args.model} LLM decode step on {out['machine']} ({target}), past {args.past}, {args.tokens} tokens a run, "
           f"copy throughput {out['copy_gb_per_s']:.1f} GB/s (read + write)")
-    print("| format | batch | ms/token | vs FP32 eager (median of pairs, spread) | floor ms/token (weights MB) | "
-          "logit cosine |")
-    print("|---|---|---|---|---|---|")
+    print("| format | decode loop | batch | ms/token | vs FP32 eager (median of pairs, spread) | "
+          "floor ms/token (weights MB) | logit cosine |")
+    print("|---|---|---|---|---|---|---|")
     for row in out["rows"]:
-        print(f"| {row['format']} | {row['batch']} | {row['ms_per_token']:.3f} | {row['speedup_vs_eager_fp32']:.2f}x "
+        print(f"| {row['format']} | {row['loop']} | {row['batch']} | {row['ms_per_token']:.3f} | "
+              f"{row['speedup_vs_eager_fp32']:.2f}x "
               f"({row['spread'][0]:.2f}-{row['spread'][1]:.2f}, {row['pairs']} pairs; eager "
               f"{row['eager_fp32_ms_per_token']:.3f} ms) | {row['floor_ms_per_token']:.3f} ({row['weight_bytes'] / 1e6:.0f}) | "
               f"{row['logit_cosine']:.4f} |")

@@ -33,6 +33,8 @@ def test_first_build_passes_and_writes_bundle(built: dict) -> None:
         assert (bundle / name).is_file(), name
     for stage in ("llm", "flow", "hift"):
         assert (bundle / "engines" / stage / "engine.json").is_file()
+    # The static-cache decode step is a torch program only: ONNX engines carry the growing-cache step.
+    assert set(json.loads((bundle / "engines" / "llm" / "graphs.json").read_text())["graphs"]) == {"llm_step"}
     report = json.loads((bundle / "report.json").read_text())
     checks = report["checks"]
     assert report["gate"]["passed"], report["gate"]

@@ -115,14 +115,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-class LLMDecodeStep(nn.Module):
-    """Export-friendly decode step over the SAME submodules as :class:`Qwen2LM`.
-
-    ``forward(inputs_embeds [B,S,H], past_key_values [L,2,B,KVH,P,D])`` returns speech-token logits
-    ``[B,S,V]`` and ``present_key_values [L,2,B,KVH,P+S,D]``. Positions run P..P+S-1; new tokens
-    attend causally to each other and fully to the past. There is no transformers Cache object,
-    so the graph traces into plain ONNX ops and one graph serves prefill and decode.
-    """
+class _StepLayers(nn.Module):
+    """What both decode-step forms share: the SAME submodules as :class:`Qwen2LM`, rotary angles,
+    a layer's projections, and the rest of a layer after attention."""
 
     def __init__(self, lm: Qwen2LM) -> None:
         super().__init__()
@@ -132,31 +127,56 @@ class LLMDecodeStep(nn.Module):
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [1, 1, S, D] at absolute positions ``pos`` [S] (float)."""
+        freqs = pos[:, None] * self.inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    def _project(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, heads, S, D] and k, v [B, kv_heads, S, D] of the new positions, rotated."""
+        B, S, _ = h.shape
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def _finish(self, layer: nn.Module, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """The layer's output from its input ``h`` [B, S, H] and attention context [B, heads, S, D]."""
+        B, S, _ = h.shape
+        h = h + layer.self_attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+class LLMDecodeStep(_StepLayers):
+    """Export-friendly decode step over the SAME submodules as :class:`Qwen2LM`.
+
+    ``forward(inputs_embeds [B,S,H], past_key_values [L,2,B,KVH,P,D])`` returns speech-token logits
+    ``[B,S,V]`` and ``present_key_values [L,2,B,KVH,P+S,D]``. Positions run P..P+S-1; new tokens
+    attend causally to each other and fully to the past. There is no transformers Cache object,
+    so the graph traces into plain ONNX ops and one graph serves prefill and decode.
+    """
+
     def forward(self, inputs_embeds: torch.Tensor, past_key_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         body = self.lm.qwen.model
         B, S, _ = inputs_embeds.shape
         P = past_key_values.shape[4]
-        pos = torch.arange(S, dtype=torch.float32, device=inputs_embeds.device) + P
-        freqs = pos[:, None] * self.inv_freq[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        cos, sin = emb.cos()[None, None], emb.sin()[None, None]
+        cos, sin = self._rotary(torch.arange(S, dtype=torch.float32, device=inputs_embeds.device) + P)
         # Query i (absolute P+i) may see keys 0..P+i.
         key_pos = torch.arange(S + P, device=inputs_embeds.device)[None, :]
         allowed = key_pos <= (torch.arange(S, device=inputs_embeds.device)[:, None] + P)
-        bias = torch.zeros(allowed.shape, dtype=inputs_embeds.dtype).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        bias = torch.zeros(allowed.shape, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
+            ~allowed, torch.finfo(torch.float32).min)
         groups = self.num_heads // self.kv_heads
         h = inputs_embeds
         # One flat stack at the end: nested stacks ([k, v] per layer, then the layers) exported as two
         # Concats, i.e. two copies of the whole cache per step.
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(body.layers):
-            attn = layer.self_attn
-            x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = self._project(layer, h, cos, sin)
             k = torch.cat([past_key_values[i, 0], k], dim=2)
             v = torch.cat([past_key_values[i, 1], v], dim=2)
             presents += [k, v]
@@ -168,7 +188,43 @@ class LLMDecodeStep(nn.Module):
             scores = scores.view(B, self.kv_heads, groups, S, -1) + bias
             probs = torch.softmax(scores, dim=-1).view(B, self.kv_heads, groups * S, -1)
             ctx = torch.matmul(probs, v).view(B, self.num_heads, S, self.head_dim)
-            h = h + attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = self._finish(layer, h, ctx)
         logits = self.lm.llm_decoder(body.norm(h))
         return logits, torch.stack(presents).unflatten(0, (len(body.layers), 2))
+
+
+class LLMStaticStep(_StepLayers):
+    """One-token decode step over a KV cache of fixed size, the form a CUDA graph can replay.
+
+    ``forward(inputs_embeds [B,1,H], key_values [L,2,B,KVH,M,D], position [1] int64)`` returns
+    the logits ``[B,1,V]`` of the token at ``position`` and its keys and values
+    ``new_key_values [L,2,B,KVH,1,D]``. Slots ``0..position-1`` of ``key_values`` hold the past;
+    later slots are ignored. The caller writes ``new_key_values`` into slot ``position``: the
+    program never copies the cache, so every step has the same shapes and the same buffers.
+    """
+
+    def forward(self, inputs_embeds: torch.Tensor, key_values: torch.Tensor,
+                position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        body = self.lm.qwen.model
+        B = inputs_embeds.shape[0]
+        M = key_values.shape[4]
+        cos, sin = self._rotary(position.to(torch.float32))
+        slots = torch.arange(M, device=inputs_embeds.device)
+        bias = torch.zeros(M, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
+            slots >= position, torch.finfo(torch.float32).min)
+        groups = self.num_heads // self.kv_heads
+        scale = 1.0 / math.sqrt(self.head_dim)
+        h = inputs_embeds
+        news: list[torch.Tensor] = []
+        for i, layer in enumerate(body.layers):
+            q, k, v = self._project(layer, h, cos, sin)
+            news += [k, v]
+            qg = q.reshape(B, self.kv_heads, groups, self.head_dim)
+            # The new token's own score is computed apart from the cache's, so the cache is only read.
+            past = torch.matmul(qg, key_values[i, 0].transpose(2, 3)) * scale + bias
+            own = (qg * k).sum(dim=-1, keepdim=True) * scale
+            probs = torch.softmax(torch.cat([past, own], dim=-1), dim=-1)
+            ctx = torch.matmul(probs[..., :M], key_values[i, 1]) + probs[..., M:] * v
+            h = self._finish(layer, h, ctx.view(B, self.num_heads, 1, self.head_dim))
+        logits = self.lm.llm_decoder(body.norm(h))
+        return logits, torch.stack(news).unflatten(0, (len(body.layers), 2))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from cosycompile.runtime.dsp import istft
 from cosycompile.runtime.sampling import Sampling, sampling_ids
 from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
 from cosycompile.stages.hift import HIFT
-from cosycompile.stages.llm import LLM_STEP
+from cosycompile.stages.llm import LLM_STEP, LLM_STEP_STATIC
 
 
 @dataclass
@@ -53,8 +53,12 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 class LLMRuntime:
     """The speech-token LM over a decode-step runner plus its embedding tables."""
 
-    def __init__(self, runner: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
+    def __init__(self, runner: Runner, assets: dict[str, np.ndarray], info: dict[str, Any],
+                 static: Runner | None = None) -> None:
         self.runner = runner
+        # The static-cache step decodes only where its runner can keep the cache itself (the torch
+        # backend's ``decoder()``); the reference's PyTorch runner has none and keeps ``llm_step``.
+        self.static = static if hasattr(static, "decoder") else None
         self.text_embedding = assets["text_embedding"]
         self.speech_embedding = assets["speech_embedding"]
         self.llm_embedding = assets["llm_embedding"]
@@ -67,7 +71,7 @@ class LLMRuntime:
     @classmethod
     def from_runners(cls, runners: dict[str, Runner], assets: dict[str, np.ndarray], info: dict[str, Any]) -> "LLMRuntime":
         """The stage runtime from its graphs' runners (the one constructor every loader uses)."""
-        return cls(runners[LLM_STEP.name], assets, info)
+        return cls(runners[LLM_STEP.name], assets, info, runners.get(LLM_STEP_STATIC.name))
 
     def empty_cache(self) -> np.ndarray:
         return np.zeros((self.num_layers, 2, 1, self.kv_heads, 0, self.head_dim), np.float32)
@@ -92,6 +96,7 @@ class LLMRuntime:
             max_len = min(max_len, sampling.max_tokens)
             min_len = min(min_len, max_len)
         logits, cache = self.step(self.prefix(text_ids, prompt), self.empty_cache())
+        next_logits = self.decoding(cache, max_len)
         out: list[int] = []
         for i in range(max_len):
             logp = log_softmax(logits[0, -1])
@@ -100,8 +105,25 @@ class LLMRuntime:
                 break
             out.append(tok)
             emb = self.speech_embedding[tok][None, None].astype(np.float32)
-            logits, cache = self.step(emb, cache)
+            logits = next_logits(emb)
         return np.asarray(out, np.int64)
+
+    def decoding(self, cache: np.ndarray, max_new: int) -> Callable[[np.ndarray], np.ndarray]:
+        """The one-token step that follows a prefill whose present cache is ``cache``: embedding
+        [1, 1, H] in, logits [1, 1, V] out. Over the static-cache step where the engine has one
+        and ``max_new`` more positions fit it, else ``llm_step`` on the growing cache."""
+        if self.static is not None:
+            decoder = self.static.decoder()
+            if decoder.fits(cache.shape[4] + max_new):
+                decoder.start(cache, max_new)
+                return decoder.step
+        state = {"cache": cache}
+
+        def step(embeds: np.ndarray) -> np.ndarray:
+            logits, state["cache"] = self.step(embeds, state["cache"])
+            return logits
+
+        return step
 
     def teacher_forced_logits(self, text_ids: np.ndarray, prompt: Prompt, tokens: np.ndarray) -> np.ndarray:
         """Logits predicting each of ``tokens`` and the end: [len(tokens)+1, V], in one prefill."""

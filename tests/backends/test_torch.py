@@ -51,6 +51,37 @@ def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path,
     assert not list((bundle / "engines").rglob("*.onnx"))  # no ONNX in the engines
 
 
+def test_llm_package_decodes_over_the_static_cache(torch_build: tuple[Path, Path, Path]) -> None:
+    """The LLM engine carries the static-cache step too, and the runtime decodes through it: the same
+    logits and greedy tokens as through the growing-cache step."""
+    import numpy as np
+
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.pipeline import Prompt, Sampling
+
+    _, _, bundle = torch_build
+    engine = bundle / "engines" / "llm"
+    graphs = json.loads((engine / "graphs.json").read_text())["graphs"]
+    assert set(graphs) == {"llm_step", "llm_step_static"}
+    rt = stage_runtime("llm", engine, 2)
+    assert rt.static is not None and rt.static.dims["slots"]["max"] == graphs["llm_step_static"]["spec"]["dims"]["slots"]["max"]
+    text = np.arange(5, 17)
+    logits, cache = rt.step(rt.prefix(text, Prompt.empty()), rt.empty_cache())
+    static_next = rt.decoding(cache, 16)
+    static_only, rt.static = rt.static, None
+    growing_next = rt.decoding(cache, 16)
+    rng = np.random.default_rng(0)
+    for tok in rng.integers(0, rt.speech_token_size, 16):
+        emb = rt.speech_embedding[tok][None, None].astype(np.float32)
+        a, b = static_next(emb), growing_next(emb)
+        assert a.shape == b.shape == (1, 1, rt.speech_token_size + 3)
+        assert float(np.abs(a - b).max()) < 1e-4
+    greedy = Sampling(mode="greedy", seed=0, max_tokens=40)
+    growing = rt.generate(text, Prompt.empty(), greedy)
+    rt.static = static_only
+    assert len(growing) > 0 and np.array_equal(rt.generate(text, Prompt.empty(), greedy), growing)
+
+
 def test_second_build_is_all_cached(torch_build: tuple[Path, Path, Path]) -> None:
     art, recipe, _ = torch_build
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")

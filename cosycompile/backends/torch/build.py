@@ -67,8 +67,10 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
 class AotiRunner:
     """A Runner over one AOTInductor package."""
 
-    def __init__(self, path: Path, input_names: list[str], output_names: list[str], device: str) -> None:
+    def __init__(self, path: Path, input_names: list[str], output_names: list[str], device: str,
+                 dims: dict[str, Any] | None = None) -> None:
         self.input_names, self.output_names, self.device = input_names, output_names, device
+        self.dims = dims or {}  # the graph spec's dynamic dims: {name: {min, opt, max}}
         self._model = torch._inductor.aoti_load_package(str(path))
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
@@ -86,6 +88,14 @@ class AotiRunner:
             outs = tuple(o.float().cpu().numpy() if o.is_floating_point() else o.cpu().numpy() for o in outs)
         return dict(zip(self.output_names, outs))
 
+    def decoder(self) -> Any:
+        """A :class:`~cosycompile.backends.torch.static_decode.StaticCacheDecoder` over this package
+        (an ``llm_step_static`` program), replayed as a CUDA graph on a GPU."""
+        from cosycompile.backends.torch.static_decode import StaticCacheDecoder
+
+        slots = self.dims.get("slots", {}).get("max")
+        return StaticCacheDecoder(lambda *args: self._model(*args), self.device, max_slots=slots)
+
 
 def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
     """Runners for every package of an engine dir; refuses packages this machine cannot run."""
@@ -101,4 +111,5 @@ def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
     elif not torch.cuda.is_available():
         raise BackendUnavailable(f"{engine_dir}: a CUDA package and this PyTorch sees no CUDA device")
     gd = read_graphs_dir(engine_dir)
-    return {name: AotiRunner(gd.graph_path(name), g["inputs"], g["outputs"], device) for name, g in gd.graphs.items()}
+    return {name: AotiRunner(gd.graph_path(name), g["inputs"], g["outputs"], device, (g.get("spec") or {}).get("dims"))
+            for name, g in gd.graphs.items()}

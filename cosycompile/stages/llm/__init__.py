@@ -24,6 +24,20 @@ LLM_STEP = GraphSpec(
     calib_crop_dim="seq",
 )
 
+# The decode step over a cache of fixed size (models.qwen2lm.LLMStaticStep) that the torch backend's
+# runtime replays as a CUDA graph; only torch programs carry it.
+LLM_STEP_STATIC = GraphSpec(
+    name="llm_step_static",
+    inputs=(Tensor("inputs_embeds", "float32", ("batch", 1, "hidden_size")),
+            Tensor("key_values", "float32", ("num_layers", 2, "batch", "kv_heads", "slots", "head_dim")),
+            Tensor("position", "int64", (1,), value_range=(0, 2))),
+    outputs=(Tensor("logits", "float32", ("batch", 1, "vocab_size")),
+             Tensor("new_key_values", "float32", ("num_layers", 2, "batch", "kv_heads", 1, "head_dim"))),
+    dims=(Dim("batch", 1, 1, 16, 1), Dim("slots", 2, 1024, 4096, 4)),
+    tolerance=1e-3,
+    program_only=True,
+)
+
 
 class LLMCheck(BaseModel):
     """The LLM check's workload: greedy decoding and teacher-forced logits on the eval items
@@ -38,7 +52,7 @@ PLUGIN = StageInfo(
     order=0,
     summary="Qwen2 LM decode step with KV cache -> speech-token logits",
     model_files=("cosyvoice2.yaml", "llm.pt", "CosyVoice-BlankEN/config.json"),
-    graphs=(LLM_STEP,),
+    graphs=(LLM_STEP, LLM_STEP_STATIC),
     check_spec=LLMCheck,
     metrics=(
         Metric("max_abs_logit_error", "max_abs_logit_error", False, "", description="teacher-forced logits vs PyTorch"),

@@ -49,8 +49,9 @@ def check(ctx: StepContext) -> dict[str, Any]:
     def decode_steps(rt: Any) -> None:
         # Per-token cost: one-token steps on a growing cache, the decode loop's real shape.
         _, cache = rt.step(rt.prefix(first_ids, first_prompt), rt.empty_cache())
+        next_logits = rt.decoding(cache, ctx.spec.speed_tokens)
         for tok in range(ctx.spec.speed_tokens):
-            _, cache = rt.step(rt.speech_embedding[tok][None, None].astype(np.float32), cache)
+            next_logits(rt.speech_embedding[tok][None, None].astype(np.float32))
 
     speed = speed_vs_fp32(ctx, "llm", eng, decode_steps)
     metrics = {**speed, "max_abs_logit_error": max_err, "greedy_identical_ratio": same / len(inputs),

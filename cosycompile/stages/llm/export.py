@@ -11,7 +11,7 @@ from cosycompile.core.graph import StepContext
 
 def stage_parts(models: Any) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(graph modules, numpy assets, runtime constants) of the loaded LM."""
-    from cosycompile.models.qwen2lm import LLMDecodeStep
+    from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
 
     lm = models.llm
     c = models.config.llm
@@ -23,7 +23,7 @@ def stage_parts(models: Any) -> tuple[dict[str, Any], dict[str, np.ndarray], dic
     info = {"num_layers": c.num_layers, "kv_heads": c.num_kv_heads, "head_dim": c.hidden_size // c.num_heads,
             "hidden_size": c.hidden_size, "speech_token_size": models.config.speech_token_size,
             "vocab_size": models.config.speech_token_size + 3}
-    return {"llm_step": LLMDecodeStep(lm).eval()}, assets, info
+    return {"llm_step": LLMDecodeStep(lm).eval(), "llm_step_static": LLMStaticStep(lm).eval()}, assets, info
 
 
 def export(ctx: StepContext) -> dict[str, Any]:

@@ -1,0 +1,114 @@
+"""The static-cache decode step (``LLMStaticStep``) and the decoder that owns its cache, on the CPU:
+the same logits as the growing-cache step, slots past the position ignored, a full cache refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from cosycompile.backends.torch.static_decode import SLOT_BLOCK, StaticCacheDecoder, slots_for
+from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+
+
+def _prefill(lm: Any, batch: int, length: int, gen: torch.Generator, device: str = "cpu",
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    c = lm.cfg
+    embeds = torch.randn(batch, length, c.hidden_size, generator=gen).to(device)
+    empty = torch.zeros(c.num_layers, 2, batch, c.num_kv_heads, 0, c.head_dim, device=device)
+    with torch.inference_mode():
+        return LLMDecodeStep(lm).eval()(embeds, empty)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_decoder_follows_the_growing_cache_step(tiny_models: Any, batch: int) -> None:
+    lm = tiny_models.llm
+    gen = torch.Generator().manual_seed(batch)
+    _, past = _prefill(lm, batch, 7, gen)
+    growing = LLMDecodeStep(lm).eval()
+    decoder = StaticCacheDecoder(LLMStaticStep(lm).eval(), "cpu")
+    assert not decoder.cuda_graph
+    decoder.start(past, 12)
+    assert decoder.capacity == SLOT_BLOCK
+    worst = 0.0
+    for _ in range(12):
+        embeds = torch.randn(batch, 1, lm.cfg.hidden_size, generator=gen)
+        with torch.inference_mode():
+            want, past = growing(embeds, past)
+        got = decoder.step(embeds)
+        assert got.shape == want.shape
+        worst = max(worst, float((got - want).abs().max()))
+    assert worst < 1e-5
+    # The decoder's cache holds what the growing step's present holds, slot for slot.
+    assert torch.allclose(decoder.key_values[..., :past.shape[4], :], past, atol=1e-5)
+
+
+def test_slots_past_the_position_are_ignored(tiny_models: Any) -> None:
+    lm = tiny_models.llm
+    c = lm.cfg
+    gen = torch.Generator().manual_seed(3)
+    _, past = _prefill(lm, 1, 5, gen)
+    step = LLMStaticStep(lm).eval()
+    clean = torch.zeros(c.num_layers, 2, 1, c.num_kv_heads, 16, c.head_dim)
+    clean[..., :5, :] = past
+    dirty = clean.clone()
+    dirty[..., 5:, :] = 1e3 * torch.randn(dirty[..., 5:, :].shape, generator=gen)
+    embeds = torch.randn(1, 1, c.hidden_size, generator=gen)
+    position = torch.tensor([5])
+    with torch.inference_mode():
+        a, new_a = step(embeds, clean, position)
+        b, new_b = step(embeds, dirty, position)
+        want, present = LLMDecodeStep(lm).eval()(embeds, past)
+    assert torch.equal(a, b) and torch.equal(new_a, new_b)
+    assert float((a - want).abs().max()) < 1e-5
+    assert torch.allclose(new_a[..., 0, :], present[..., 5, :], atol=1e-6)
+
+
+def test_numpy_in_numpy_out_and_a_full_cache_is_refused(tiny_models: Any) -> None:
+    lm = tiny_models.llm
+    gen = torch.Generator().manual_seed(4)
+    _, past = _prefill(lm, 1, 3, gen)
+    decoder = StaticCacheDecoder(LLMStaticStep(lm).eval(), "cpu", max_slots=300)
+    assert decoder.fits(300) and not decoder.fits(301)
+    with pytest.raises(ValueError, match="exceed the 300 slots"):
+        decoder.start(past.numpy(), 298)
+    decoder.start(past.numpy(), 4)
+    out = decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
+    assert isinstance(out, np.ndarray) and out.shape == (1, 1, lm.speech_token_size + 3)
+    for _ in range(decoder.capacity - 4):
+        decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
+    with pytest.raises(RuntimeError, match="cache is full"):
+        decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
+    assert slots_for(1) == SLOT_BLOCK and slots_for(SLOT_BLOCK + 1) == 2 * SLOT_BLOCK
+    assert slots_for(1000, max_slots=600) == 600
+
+
+def test_cuda_graphs_need_a_cuda_device(tiny_models: Any) -> None:
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        StaticCacheDecoder(LLMStaticStep(tiny_models.llm).eval(), "cpu", cuda_graph=True)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_the_step(tiny_models: Any) -> None:
+    """On a CUDA machine (``make test-gpu``): the captured step gives the logits of plain calls, over
+    two utterances that share the capture."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import copy
+
+    lm = copy.deepcopy(tiny_models.llm).cuda()
+    step = LLMStaticStep(lm).eval()
+    gen = torch.Generator().manual_seed(5)
+    graph, plain = StaticCacheDecoder(step, "cuda"), StaticCacheDecoder(step, "cuda", cuda_graph=False)
+    for length in (6, 9):
+        _, past = _prefill(lm, 1, length, gen, "cuda")
+        graph.start(past, 20)
+        plain.start(past, 20)
+        for _ in range(20):
+            embeds = torch.randn(1, 1, lm.cfg.hidden_size, generator=gen).cuda()
+            want = plain.step(embeds).clone()
+            got = graph.step(embeds).clone()
+            assert float((got - want).abs().max()) < 1e-4
+    assert graph._graph is not None
