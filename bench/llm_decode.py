@@ -6,8 +6,8 @@ of recipes/cpu-torch.yaml is built for this machine's device through the cached 
 target is the GPU's own, e.g. h100; CUDA packages are compiled on that GPU). Then, same inputs:
 - decode: a past of ``--past`` positions, ``--tokens`` one-token steps with the cache kept on the
   device, timed in interleaved pairs against the FP32 eager step (the project's ratio method),
-  once through ``llm_step`` on the growing cache and once through ``llm_step_static`` over a cache
-  of fixed size, which on a GPU is replayed as a CUDA graph (backends/torch/static_decode.py);
+  through ``llm_step`` on the growing cache and, on a GPU, through ``llm_step_static`` over a cache
+  of fixed size replayed as a CUDA graph (backends/torch/static_decode.py; CPU engines lack it);
 - floor: bytes one step reads (the program's weights + the mean KV cache) / the device's copy
   throughput measured in the same run (read + write bytes per second of a large tensor copy);
 - quality: teacher-forced logit cosine against the PyTorch FP32 reference.
@@ -201,8 +201,8 @@ def main() -> int:
             o = runner.run({names.input_names[0]: embeds, names.input_names[1]: cache})
             return o[names.output_names[0]], o[names.output_names[1]]
 
-        # The static-cache package: its own CUDA graph on a GPU, plain calls on a CPU.
-        loops = {"growing cache": None, "static cache" + (", CUDA graph" if device == "cuda" else ""): rt.static}
+        # The static-cache package (GPU targets' engines only) decodes as a CUDA graph.
+        loops = {"growing cache": None, "static cache, CUDA graph": rt.static}
         for batch in batches:
             run_eager = decoder(lambda e, c: eager(e, c), torch, device, batch, args.past, args.tokens, **shape)
             kv = batch * kv_bytes_per_position * (args.past + args.tokens / 2)

@@ -143,7 +143,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
                                        {}, "as a checkpoint")
         elif consumes == "program":
             run, code, params, what = (PROGRAM_EXPORT, _module_roots(sinfo, "modules") + (PROGRAM_EXPORT.split(":")[0],),
-                                       {"stage": name}, "as torch.export programs")
+                                       {"stage": name, "target_kind": target.kind}, "as torch.export programs")
         else:
             run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
                                        {"opset": spec.export.opset}, "to ONNX")

@@ -138,7 +138,7 @@ def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") 
     info = {**info, **ctx.params.get("runtime", {})}
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for spec in sinfo.graphs:
-        if spec.program_only and fmt == "onnx":
+        if spec.gpu_program_only and (fmt == "onnx" or ctx.params.get("target_kind") != "gpu"):
             continue
         ctx.log(f"exporting {spec.name}")
         file, mins = write(spec, modules[spec.name], info)

@@ -47,31 +47,47 @@ def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path,
         assert passport["cpu_capability"] and passport["inductor"]["freezing"] is True
         graphs = json.loads((bundle / "engines" / stage / "graphs.json").read_text())["graphs"]
         assert {g["format"] for g in graphs.values()} == {"aoti"}
+        if stage == "llm":  # the static-cache step is for GPU targets only
+            assert set(graphs) == {"llm_step"}
         assert all((bundle / "engines" / stage / g["file"]).suffix == ".pt2" for g in graphs.values())
     assert not list((bundle / "engines").rglob("*.onnx"))  # no ONNX in the engines
 
 
-def test_llm_package_decodes_over_the_static_cache(torch_build: tuple[Path, Path, Path]) -> None:
-    """The LLM engine carries the static-cache step too, and the runtime decodes through it: the same
-    logits and greedy tokens as through the growing-cache step."""
+def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
+    """A GPU target's LLM programs carry the static-cache step (a CPU target's do not: the CPU engines
+    above hold llm_step only); compiled for this CPU, the runtime decodes through it with the logits
+    and greedy tokens of the growing-cache step. Only the CUDA graph is left to ``make test-gpu``."""
     import numpy as np
 
-    from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.runtime.pipeline import Prompt, Sampling
+    from cosycompile.backends.torch import Options
+    from cosycompile.backends.torch.build import AotiRunner, build
+    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+    from cosycompile.runtime.loading import load_assets
+    from cosycompile.runtime.pipeline import LLMRuntime, Prompt, Sampling
 
-    _, _, bundle = torch_build
-    engine = bundle / "engines" / "llm"
-    graphs = json.loads((engine / "graphs.json").read_text())["graphs"]
-    assert set(graphs) == {"llm_step", "llm_step_static"}
-    rt = stage_runtime("llm", engine, 2)
-    assert rt.static is not None and rt.static.dims["slots"]["max"] == graphs["llm_step_static"]["spec"]["dims"]["slots"]["max"]
+    recipe = write_recipe(tmp_path / "h100.yaml", {
+        "name": "h100-torch-llm", "target": "h100",
+        "stages": {"llm": {"engine": {"backend": "torch"}}, "flow": {"enabled": False}, "hift": {"enabled": False}},
+    })
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "export", "-q", timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    programs = until_outputs(res.stdout)["llm.export"]
+    assert set(read_graphs_dir(programs).graphs) == {"llm_step", "llm_step_static"}
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    build(programs, Options(), TARGETS["cpu"], engine)
+    gd = read_graphs_dir(engine)
+    runners = {n: AotiRunner(gd.graph_path(n), g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
+               for n, g in gd.graphs.items()}
+    rt = LLMRuntime.from_runners(runners, load_assets(engine), gd.info)
+    assert rt.static is runners["llm_step_static"] and rt.static.dims["slots"]["max"] == 4096
     text = np.arange(5, 17)
-    logits, cache = rt.step(rt.prefix(text, Prompt.empty()), rt.empty_cache())
+    _, cache = rt.step(rt.prefix(text, Prompt.empty()), rt.empty_cache())
     static_next = rt.decoding(cache, 16)
     static_only, rt.static = rt.static, None
     growing_next = rt.decoding(cache, 16)
-    rng = np.random.default_rng(0)
-    for tok in rng.integers(0, rt.speech_token_size, 16):
+    for tok in np.random.default_rng(0).integers(0, rt.speech_token_size, 16):
         emb = rt.speech_embedding[tok][None, None].astype(np.float32)
         a, b = static_next(emb), growing_next(emb)
         assert a.shape == b.shape == (1, 1, rt.speech_token_size + 3)

@@ -25,7 +25,7 @@ LLM_STEP = GraphSpec(
 )
 
 # The decode step over a cache of fixed size (models.qwen2lm.LLMStaticStep) that the torch backend's
-# runtime replays as a CUDA graph; only torch programs carry it.
+# runtime replays as a CUDA graph; only torch programs for a GPU target carry it.
 LLM_STEP_STATIC = GraphSpec(
     name="llm_step_static",
     inputs=(Tensor("inputs_embeds", "float32", ("batch", 1, "hidden_size")),
@@ -35,7 +35,7 @@ LLM_STEP_STATIC = GraphSpec(
              Tensor("new_key_values", "float32", ("num_layers", 2, "batch", "kv_heads", 1, "head_dim"))),
     dims=(Dim("batch", 1, 1, 16, 1), Dim("slots", 2, 1024, 4096, 4)),
     tolerance=1e-3,
-    program_only=True,
+    gpu_program_only=True,
 )
 
 
