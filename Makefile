@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-gpu bench bench-gpu lint clean
+.PHONY: install demo test test-fast test-gpu bench bench-gpu gpu-wheels lint clean
 
 install: $(STAMP)
 
@@ -30,16 +30,33 @@ test: install
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
 
-# On a machine with a CUDA GPU and a CUDA build of PyTorch: the tests that need one.
-test-gpu: install
-	$(PY) -m pytest -q -m gpu -p no:cacheprovider
+# On a machine with a CUDA GPU: the tests that need one. `install` pins the CPU build of torch; on a
+# GPU machine whose own Python already holds a CUDA build (and maybe no network), name that Python:
+#   make test-gpu bench-gpu GPU_PY=python3
+GPU_PY ?= $(PY)
+GPU_DEPS := $(if $(filter $(PY),$(GPU_PY)),install,)
+
+test-gpu: $(GPU_DEPS)
+	$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider
 
 bench: install
 	$(PY) bench/run_all.py
 
 # On a machine with a CUDA GPU: the LLM decode step's packages on that GPU (fp32 eager, bf16, int8, fp8).
-bench-gpu: install
-	$(PY) bench/llm_decode.py --device cuda
+bench-gpu: $(GPU_DEPS)
+	$(GPU_PY) bench/llm_decode.py --device cuda
+
+# Wheels (CPython 3.12, x86-64 Linux, the versions this venv holds) of what a CUDA machine's Python
+# usually lacks beside PyTorch, numpy, onnx, onnxruntime, transformers, pyyaml, tqdm and pytest. Copy
+# .whl/ there, then: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl and
+# PYTHONPATH=/tmp/site make test-gpu bench-gpu GPU_PY=python3
+space := $(subst ,, )
+GPU_WHEELS := pydantic pydantic_core annotated-types typing-inspection onnxslim soundfile cffi pycparser
+gpu-wheels: install
+	rm -rf .whl && $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  $$($(PY) -m pip freeze | grep -iE '^($(subst $(space),|,$(GPU_WHEELS)))==')
 
 lint: install
 	$(VENV)/bin/ruff check cosycompile tests bench
