@@ -107,7 +107,8 @@ class StaticCacheDecoder:
         self.position.copy_(saved[1])
 
     def step(self, embeds: torch.Tensor | np.ndarray) -> torch.Tensor | np.ndarray:
-        """Logits [B, 1, V] of one token whose input embedding is ``embeds`` [B, 1, H]."""
+        """Logits [B, 1, V] of one token whose input embedding is ``embeds`` [B, 1, H]. On CUDA the
+        tensor returned is the graph's output buffer, which the next step overwrites."""
         if isinstance(embeds, np.ndarray):
             return self.step(torch.from_numpy(np.ascontiguousarray(embeds))).float().cpu().numpy()
         if self.key_values is None:
