@@ -5,7 +5,8 @@ builtin:random-0.5b (interleaved FP32/quantized pairs), bench/flow_sensitivity.p
 layer group of the flow estimator), bench/cfm_steps.py (mel SNR of fewer CFM steps against 10),
 bench/torch_backend.py (AOTInductor vs ONNX
 Runtime FP32 packages, interleaved), bench/llm_decode.py (the LLM decode step's torch packages vs the
-FP32 eager step, with the bandwidth floor), bench/reference_reuse.py (validation time of a second recipe on
+FP32 eager step, with the bandwidth floor), bench/flow_profile.py (where a cpu-fast flow-estimator
+call spends its time, by operator), bench/reference_reuse.py (validation time of a second recipe on
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
 same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, and prints their tables;
 copy the figures into docs/BENCHMARKS.md together with the command and the machine.
@@ -28,7 +29,7 @@ def main() -> int:
                str(REPO / "recipes" / f"{recipe}.yaml")]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
-    for script in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py"):
+    for script in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py", "flow_profile.py"):
         cmd = [sys.executable, str(REPO / "bench" / script)]
         print("$", " ".join(cmd), flush=True)
         rc |= subprocess.call(cmd)
