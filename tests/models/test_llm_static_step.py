@@ -112,3 +112,38 @@ def test_cuda_graph_replays_the_step(tiny_models: Any) -> None:
             got = graph.step(embeds).clone()
             assert float((got - want).abs().max()) < 1e-4
     assert graph._graph is not None
+
+
+class _StaticRunner:
+    """What the torch backend's runner of ``llm_step_static`` offers the runtime, over the eager module."""
+
+    def __init__(self, lm: Any, max_slots: int) -> None:
+        self.step, self.max_slots, self.decoders = LLMStaticStep(lm).eval(), max_slots, 0
+
+    def decoder(self) -> StaticCacheDecoder:
+        self.decoders += 1
+        return StaticCacheDecoder(self.step, "cpu", max_slots=self.max_slots)
+
+
+@pytest.mark.parametrize(("max_slots", "static_used"), [(4096, True), (16, False)])
+def test_generate_uses_the_static_step_only_where_the_utterance_fits(tiny_models: Any, max_slots: int,
+                                                                     static_used: bool) -> None:
+    """The reference runtime keeps llm_step; given a static runner, generate() decodes through it when
+    prefix + max_len fit its compiled slots, and falls back to the growing cache when they do not:
+    the same greedy tokens either way."""
+    from cosycompile.reference.runners import reference_runtime
+    from cosycompile.runtime.pipeline import Prompt, Sampling
+
+    rt = reference_runtime("llm", tiny_models)
+    assert rt.static is None  # the PyTorch reference runner has no decoder()
+    text = np.arange(3, 11)
+    greedy = Sampling(mode="greedy", seed=0, max_tokens=30)
+    want = rt.generate(text, Prompt.empty(), greedy)
+    rt.static = _StaticRunner(tiny_models.llm, max_slots)
+    got = rt.generate(text, Prompt.empty(), greedy)
+    assert rt.static.decoders == 1
+    assert len(want) > 0 and np.array_equal(got, want)
+    # The step decoding() hands out: the static decoder's where 10 + 30 positions fit, else llm_step's.
+    c = tiny_models.llm.cfg
+    next_logits = rt.decoding(np.zeros((c.num_layers, 2, 1, c.num_kv_heads, 10, c.head_dim), np.float32), 30)
+    assert isinstance(getattr(next_logits, "__self__", None), StaticCacheDecoder) == static_used
