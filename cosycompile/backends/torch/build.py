@@ -94,7 +94,7 @@ class AotiRunner:
         from cosycompile.backends.torch.static_decode import StaticCacheDecoder
 
         slots = self.dims.get("slots", {}).get("max")
-        return StaticCacheDecoder(lambda *args: self._model(*args), self.device, max_slots=slots)
+        return StaticCacheDecoder(self._model, self.device, max_slots=slots)
 
 
 def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
