@@ -22,7 +22,7 @@ def programs(tiny_model_dir: Path) -> dict[str, Any]:
 
     models = load_models(tiny_model_dir, ("llm", "flow"))
     out = {}
-    for stage, graph in (("flow", "flow_estimator"), ("llm", "llm_step")):
+    for stage, graph in (("flow", "flow_estimator"), ("llm", "llm_step"), ("llm", "llm_step_static")):
         modules, _, info = get_stage(stage).hook("modules")(models)
         spec = get_stage(stage).graph(graph)
         program, _ = export_program(modules[graph], spec, info)
@@ -53,7 +53,7 @@ def _call_counts(program: Any) -> dict[str, int]:
 
 @pytest.mark.parametrize(("graph", "fmt", "max_rel_error"), [
     ("flow_estimator", "int8", 0.01), ("flow_estimator", "fp8", 0.03),
-    ("llm_step", "int8", 0.01), ("llm_step", "fp8", 0.03),
+    ("llm_step", "int8", 0.01), ("llm_step", "fp8", 0.03), ("llm_step_static", "int8", 0.01),
 ])
 def test_linears_become_quantized_gemms_close_to_fp32(programs: dict, graph: str, fmt: str,
                                                       max_rel_error: float) -> None:
@@ -82,12 +82,14 @@ def test_linears_become_quantized_gemms_close_to_fp32(programs: dict, graph: str
     assert 0 < rel < max_rel_error, rel  # quantized (not equal), yet close
 
 
-def test_gpu_row_padding_changes_nothing(programs: dict) -> None:
+@pytest.mark.parametrize("graph", ["llm_step", "llm_step_static"])
+def test_gpu_row_padding_changes_nothing(programs: dict, graph: str) -> None:
     """CUDA's INT8 GEMM needs more than 16 rows: GPU programs pad every call's rows and slice them
-    off again, and compute exactly what the CPU program computes (here, on the CPU)."""
+    off again, and compute exactly what the CPU program computes (here, on the CPU), the static-cache
+    step's one-row calls included."""
     import torch
 
-    entry = programs["llm_step"]
+    entry = programs[graph]
     plain, _ = _rewrite(entry, "int8")
     padded, _ = _rewrite(entry, "int8", pad_rows=16)
     counts = _call_counts(padded)
