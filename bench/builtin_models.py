@@ -52,3 +52,24 @@ def build_steps(recipe_body: dict[str, Any], name: str, steps: list[str], artifa
     result = Executor(store, [by_name[s] for s in steps], StateFile(store.root / "state" / f"{name}.json"),
                       Reporter()).run()
     return {s: result.entries[s].data for s in steps}
+
+
+def estimator_inputs(rng: Any, frames: int) -> dict[str, Any]:
+    """One flow-estimator call's inputs at ``frames`` frames, batch 2 (CFG), drawn from ``rng``: x, an
+    all-ones mask, mu, t = 0.5, spks, cond, keyed by the graph spec's input names."""
+    import numpy as np
+
+    from cosycompile.stages.flow import FLOW_ESTIMATOR
+
+    T = frames
+    arrays = (rng.standard_normal((2, 80, T), dtype=np.float32), np.ones((2, 1, T), np.float32),
+              rng.standard_normal((2, 80, T), dtype=np.float32), np.full(2, 0.5, np.float32),
+              rng.standard_normal((2, 80), dtype=np.float32), rng.standard_normal((2, 80, T), dtype=np.float32))
+    return dict(zip(FLOW_ESTIMATOR.input_names, arrays))
+
+
+def flow_engine(recipe: Path, model: str, artifacts: Path) -> Path:
+    """The flow engine dir of ``recipe`` on ``model`` (LLM and HiFT off), through the cached build graph."""
+    body = {"extends": str(recipe.resolve()), "model": model,
+            "stages": {"llm": {"enabled": False}, "hift": {"enabled": False}}}
+    return build_steps(body, f"bench-flow-profile-{recipe.stem}", ["flow.engine"], artifacts)["flow.engine"]

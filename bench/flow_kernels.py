@@ -114,7 +114,7 @@ def main() -> int:
     import onnx
     import torch
     import torch.nn.functional as F
-    from builtin_models import build_steps
+    from builtin_models import estimator_inputs, flow_engine
 
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.validate.speed import paired_ratio
@@ -151,9 +151,7 @@ def main() -> int:
                          "speedup": r.ratio, "spread": r.spread, "pairs": r.pairs,
                          "max_abs_error": float(np.abs(got - want).max())})
 
-    body = {"extends": str(REPO / "recipes" / "cpu-fast.yaml"), "model": args.model,
-            "stages": {"llm": {"enabled": False}, "hift": {"enabled": False}}}
-    engine = build_steps(body, "bench-flow-profile-cpu-fast", ["flow.engine"], art)["flow.engine"]
+    engine = flow_engine(REPO / "recipes" / "cpu-fast.yaml", args.model, art)
     path = read_graphs_dir(engine).graph_path("flow_estimator")
     model = onnx.load(str(path))
     fused = fuse_mish(model)
@@ -161,10 +159,7 @@ def main() -> int:
         fused_path = str(Path(tmp) / "mish.onnx")
         onnx.save(model, fused_path)
         as_built, with_mish = (ort_session(str(p), args.threads, "disable") for p in (path, fused_path))
-    est = {"x": rng.standard_normal((2, 80, T), dtype=np.float32), "mask": np.ones((2, 1, T), np.float32),
-           "mu": rng.standard_normal((2, 80, T), dtype=np.float32), "t": np.full(2, 0.5, np.float32),
-           "spks": rng.standard_normal((2, 80), dtype=np.float32),
-           "cond": rng.standard_normal((2, 80, T), dtype=np.float32)}
+    est = estimator_inputs(rng, T)
     diff = float(np.abs(as_built.run(None, est)[0] - with_mish.run(None, est)[0]).max())
     m = paired_ratio(lambda: as_built.run(None, est), lambda: with_mish.run(None, est), pairs=max(args.pairs // 3, 3))
     out = {"model": args.model, "frames": T, "threads": args.threads, "torch": torch.__version__,

@@ -58,16 +58,13 @@ def main() -> int:
     art = Path(args.artifacts)
 
     import onnxruntime as ort
-    from builtin_models import build_steps
+    from builtin_models import estimator_inputs, flow_engine
     from torch_backend import gemm_gflops
 
     from cosycompile.runtime.graphs_dir import read_graphs_dir
 
     recipe = Path(args.recipe)
-    body = {"extends": str(recipe.resolve()), "model": args.model,
-            "stages": {"llm": {"enabled": False}, "hift": {"enabled": False}}}
-    engine = build_steps(body, f"bench-flow-profile-{recipe.stem}", ["flow.engine"], art)["flow.engine"]
-    gd = read_graphs_dir(engine)
+    gd = read_graphs_dir(flow_engine(recipe, args.model, art))
     if gd.graphs["flow_estimator"].get("format", "onnx") != "onnx":
         raise SystemExit(f"{recipe.name}: the flow engine is not an ONNX Runtime engine")
 
@@ -78,12 +75,8 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="flow-profile-")
     so.profile_file_prefix = str(Path(tmp) / "ort")
     session = ort.InferenceSession(str(gd.graph_path("flow_estimator")), so, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
     T = args.frames
-    feeds = {"x": rng.standard_normal((2, 80, T), dtype=np.float32), "mask": np.ones((2, 1, T), np.float32),
-             "mu": rng.standard_normal((2, 80, T), dtype=np.float32), "t": np.full(2, 0.5, np.float32),
-             "spks": rng.standard_normal((2, 80), dtype=np.float32),
-             "cond": rng.standard_normal((2, 80, T), dtype=np.float32)}
+    feeds = estimator_inputs(np.random.default_rng(0), T)
     session.run(None, feeds)
     # The warm-up's events are in the same file: keep only what follows the last warm-up node.
     for _ in range(args.runs):

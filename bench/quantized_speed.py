@@ -78,6 +78,7 @@ def main() -> int:
     mdir = result.entries["model"].data
 
     from cosycompile.reference.runners import load_reference, reference_runtime
+    from builtin_models import estimator_inputs
 
     models = load_reference(mdir, ("llm", "flow"), args.threads)
     rng = np.random.default_rng(0)

@@ -81,6 +81,7 @@ def main() -> int:
     # cached run does not.
     import torch.utils.flop_counter
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from builtin_models import estimator_inputs
 
     from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.runtime.loading import stage_runtime
@@ -91,9 +92,7 @@ def main() -> int:
     models = load_reference(ort_e["model"], ("flow", "hift"), args.threads)
     rng = np.random.default_rng(0)
     T = args.frames
-    feeds = (rng.standard_normal((2, 80, T), dtype=np.float32), np.ones((2, 1, T), np.float32),
-             rng.standard_normal((2, 80, T), dtype=np.float32), np.full(2, 0.5, np.float32),
-             rng.standard_normal((2, 80), dtype=np.float32), rng.standard_normal((2, 80, T), dtype=np.float32))
+    feeds = tuple(estimator_inputs(rng, T).values())
     flows = {"onnxruntime fp32": stage_runtime("flow", ort_e["flow"], args.threads),
              "torch fp32": stage_runtime("flow", aoti["flow"], args.threads),
              "torch bf16": stage_runtime("flow", bf16["flow"], args.threads),
