@@ -7,6 +7,7 @@ State-dict keys match CosyVoice2-0.5B's ``llm.pt``: ``llm.model.model.*`` (the Q
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,8 +111,9 @@ class Qwen2LM(nn.Module):
         return out
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
+def _rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
+    # ``half`` is a Python int (head_dim // 2), not ``x.shape[-1] // 2``: a traced shape becomes
+    # Shape/Gather/Div/Unsqueeze nodes feeding the slices, for q and for k in every layer.
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
@@ -133,20 +135,22 @@ class _StepLayers(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos()[None, None], emb.sin()[None, None]
 
-    def _project(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    # B and S are passed in, read once from the step's input: reading them from each layer's
+    # hidden state traces a Shape/Gather/Unsqueeze/Concat chain per reshape in every layer (about a
+    # quarter of the exported decode step's nodes, each a fixed cost per token in ONNX Runtime).
+    def _project(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: Any, S: Any,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, heads, S, D] and k, v [B, kv_heads, S, D] of the new positions, rotated."""
-        B, S, _ = h.shape
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q = attn.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
         k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
         v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        half = self.head_dim // 2
+        return q * cos + _rotate_half(q, half) * sin, k * cos + _rotate_half(k, half) * sin, v
 
-    def _finish(self, layer: nn.Module, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+    def _finish(self, layer: nn.Module, h: torch.Tensor, ctx: torch.Tensor, B: Any, S: Any) -> torch.Tensor:
         """The layer's output from its input ``h`` [B, S, H] and attention context [B, heads, S, D]."""
-        B, S, _ = h.shape
         h = h + layer.self_attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
@@ -176,7 +180,7 @@ class LLMDecodeStep(_StepLayers):
         # Concats, i.e. two copies of the whole cache per step.
         presents: list[torch.Tensor] = []
         for i, layer in enumerate(body.layers):
-            q, k, v = self._project(layer, h, cos, sin)
+            q, k, v = self._project(layer, h, cos, sin, B, S)
             k = torch.cat([past_key_values[i, 0], k], dim=2)
             v = torch.cat([past_key_values[i, 1], v], dim=2)
             presents += [k, v]
@@ -188,7 +192,7 @@ class LLMDecodeStep(_StepLayers):
             scores = scores.view(B, self.kv_heads, groups, S, -1) + bias
             probs = torch.softmax(scores, dim=-1).view(B, self.kv_heads, groups * S, -1)
             ctx = torch.matmul(probs, v).view(B, self.num_heads, S, self.head_dim)
-            h = self._finish(layer, h, ctx)
+            h = self._finish(layer, h, ctx, B, S)
         logits = self.lm.llm_decoder(body.norm(h))
         return logits, torch.stack(presents).unflatten(0, (len(body.layers), 2))
 
@@ -217,7 +221,7 @@ class LLMStaticStep(_StepLayers):
         h = inputs_embeds
         news: list[torch.Tensor] = []
         for i, layer in enumerate(body.layers):
-            q, k, v = self._project(layer, h, cos, sin)
+            q, k, v = self._project(layer, h, cos, sin, B, 1)
             news += [k, v]
             qg = q.reshape(B, self.kv_heads, groups, self.head_dim)
             # The new token's own score is computed apart from the cache's, so the cache is only read.
@@ -225,6 +229,6 @@ class LLMStaticStep(_StepLayers):
             own = (qg * k).sum(dim=-1, keepdim=True) * scale
             probs = torch.softmax(torch.cat([past, own], dim=-1), dim=-1)
             ctx = torch.matmul(probs[..., :M], key_values[i, 1]) + probs[..., M:] * v
-            h = self._finish(layer, h, ctx.view(B, self.num_heads, 1, self.head_dim))
+            h = self._finish(layer, h, ctx.view(B, self.num_heads, 1, self.head_dim), B, 1)
         logits = self.lm.llm_decoder(body.norm(h))
         return logits, torch.stack(news).unflatten(0, (len(body.layers), 2))
