@@ -9,6 +9,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def machine() -> str:
+    """The machine line every benchmark's JSON carries: CPU model, family/model, vCPUs, ISA, Python."""
+    import platform
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from cosycompile.runtime.host import describe_host, host_line
+
+    return f"{host_line(describe_host())}, Python {platform.python_version()}"
+
+
 def load_builtin(model: str, stages: tuple[str, ...], artifacts: Path, threads: int, name: str) -> Any:
     """The reference networks of ``stages`` of ``model`` (e.g. ``builtin:random-0.5b``), read from the
     cache entry of the model step of a throwaway recipe called ``name`` under ``artifacts/bench``."""

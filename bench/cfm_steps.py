@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import numpy as np
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,7 +65,7 @@ def main() -> int:
         print(f"| {r['steps']} | {snr} | {r['solve_s']:.2f} |")
     out = Path(args.artifacts) / "bench" / f"cfm_steps-{args.model.replace(':', '-')}.json"
     out.write_text(json.dumps({"model": args.model, "frames": args.frames, "threads": args.threads,
-                               "machine": platform.processor() or platform.machine(), "rows": rows}, indent=1))
+                               "machine": machine(), "rows": rows}, indent=1))
     print(f"wrote {out}")
     return 0
 

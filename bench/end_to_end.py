@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def main() -> int:
     bundle = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")).split(": ", 1)[1])
     report = json.loads((bundle / "report.json").read_text())
     speed, checks = report["speed"], report["checks"]
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    out = {"machine": machine(),
            "recipe": str(recipe), "tokens": args.tokens, "pairs": args.pairs, "threads": args.threads,
            "wall_s": time.perf_counter() - t0, "gate_passed": report["gate"]["passed"],
            "findings": report["gate"]["findings"], "speed": speed,

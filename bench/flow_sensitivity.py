@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -198,7 +199,7 @@ def main() -> int:
 
     out = {"model": args.model, "frames": T, "threads": args.threads, "layers": len(layers),
            "cfm_seconds_fp32_eager": cfm_s, "torch": torch.__version__,
-           "machine": f"{platform.machine()}, Python {platform.python_version()}", "rows": rows}
+           "machine": machine(), "rows": rows}
     dest = Path(args.artifacts) / "bench" / "flow_sensitivity.json"
     dest.write_text(json.dumps(out, indent=1))
     print("| activation scheme | layers quantized | count | mel SNR after 10-step CFM |")

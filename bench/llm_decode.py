@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -56,17 +56,6 @@ def copy_bytes_per_s(torch: Any, device: str, mib: int = 512, reps: int = 5) -> 
         sync(torch, device)
         best = min(best, time.perf_counter() - t0)
     return 2 * x.numel() * 4 / best
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the architecture."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def sync(torch: Any, device: str) -> None:
@@ -188,7 +177,7 @@ def main() -> int:
         "model": args.model, "device": device, "target": target, "threads": args.threads, "past": args.past,
         "tokens": args.tokens, "pairs": args.pairs, "torch": torch.__version__, "build_seconds": build_s,
         "machine": (torch.cuda.get_device_name() if device == "cuda" else
-                    f"{cpu_name()}, {torch.get_num_threads()} threads"),
+                    f"{machine()}, {torch.get_num_threads()} threads"),
         "copy_gb_per_s": bandwidth / 1e9, "rows": []}
     for fmt in formats:
         rt = stage_runtime("llm", built[fmt]["llm.engine"], args.threads)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = """
@@ -81,7 +82,7 @@ def main() -> int:
                           "rc": sorted({r["rc"] for r in runs}), "torch_imported": any(r["torch"] for r in runs),
                           "fsspec_imported": any(r["fsspec"] for r in runs),
                           "warnings": sorted({r["stderr"] for r in runs if r["stderr"]})}
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    out = {"machine": machine(),
            "cache_entries": entries, "runs": args.runs, "results": results}
     dest = REPO / "artifacts" / "bench" / "noop_rebuild.json"
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -83,7 +84,7 @@ def main() -> int:
     models = load_reference(mdir, ("llm", "flow"), args.threads)
     rng = np.random.default_rng(0)
     out: dict = {"recipe": base.name, "model": args.model, "threads": args.threads, "frames": args.frames,
-                 "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, {platform.python_version()}",
+                 "machine": machine(),
                  "build_seconds": build_s}
 
     # Flow estimator: one call at T frames, batch 2 (CFG), quantized vs FP32 engine.

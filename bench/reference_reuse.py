@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = ("reference", "llm.check", "flow.check", "hift.check", "pipeline.check")
@@ -65,7 +65,7 @@ def main() -> int:
         print(f"{name}: validation {results[name]['validation_s']:.1f} s "
               f"({results[name]['validation_steps']}), wall {results[name]['wall_s']:.1f} s", flush=True)
     first, second = results["cpu-fp32"]["validation_s"], results["cpu-int8"]["validation_s"]
-    out = {"machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    out = {"machine": machine(),
            "tokens": args.tokens, "builds": results, "second_over_first": second / first if first else None}
     dest = REPO / "artifacts" / "bench" / "reference_reuse.json"
     dest.parent.mkdir(parents=True, exist_ok=True)

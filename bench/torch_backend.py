@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -109,7 +109,7 @@ def main() -> int:
           torch.utils.flop_counter.FlopCounterMode(display=False) as fc):
         est(*(torch.from_numpy(f) for f in feeds))
     out: dict = {"model": args.model, "threads": args.threads, "frames": T, "pairs": args.pairs,
-                 "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                 "machine": machine(),
                  "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                  "build_seconds": build_s, "estimator_gflop": fc.get_total_flops() / 1e9,
                  "gemm_gflops": {d: gemm_gflops(d, args.threads) for d in ("float32", "bfloat16")}, "flow": {}, "hift": {}}

@@ -45,6 +45,10 @@ def test_first_build_passes_and_writes_bundle(built: dict) -> None:
     assert set(checks["flow"]["metrics"]["estimator_error_by_length"]) >= {"16", "512"}
     assert checks["hift"]["metrics"]["waveform_snr_db_min"] >= 40
     assert report["speed"]["end_to_end"]["reference_s"] > 0
+    # The speed figures name the CPU they were taken on, in the JSON and in the readable report.
+    host = report["speed"]["host"]
+    assert host["vcpus"] >= 1 and host["arch"]
+    assert f"Measured on: {host['cpu']}" in (bundle / "report.md").read_text()
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["target"] == "cpu" and set(manifest["stages"]) == {"llm", "flow", "hift"}
 

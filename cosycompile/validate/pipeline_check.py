@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cosycompile.core.graph import StepContext
+from cosycompile.runtime.host import describe_host
 from cosycompile.runtime.pipeline import Pipeline, Sampling
 from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
 
@@ -84,6 +85,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
         speed = _speed(ref_pipe, cached, built, inputs[0], first_out, first_seconds, sampling, v["speed"], ctx)
         speed["throughput"] = _throughput(built, inputs, sampling, v["speed"]["throughput"])
     speed["peak_rss_mb"] = _peak_rss_mb()
+    speed["host"] = describe_host()
     checks = {s: json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text()) for s in p["stages"]}
     checks["pipeline"] = {"stage": "pipeline", "metrics": _summarise(rows)}
     report = {

@@ -11,6 +11,7 @@ import onnxruntime as ort
 
 from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.runtime.host import cpu_flags
 from cosycompile.runtime.loading import read_passport
 from cosycompile.recipe.targets import Target
 _LEVELS = {
@@ -22,14 +23,8 @@ _LEVELS = {
 
 
 def _cpu_flags() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return sorted(f for f in flags if f.startswith(("avx", "fma", "amx", "sse4")))
-    except OSError:
-        pass
-    return []
+    """The vector-ISA flags an 'all'-level engine may depend on."""
+    return sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx", "sse4")))
 
 
 def _session_options(threads: int, level: str, execution_mode: str = "sequential") -> ort.SessionOptions:

@@ -1,0 +1,64 @@
+"""The machine a speed figure was taken on: CPU model, vCPUs and the instruction sets that decide
+which kernels run.
+
+The same recipe's end-to-end RTF on ``builtin:random-0.5b`` was 1.14 on a Zen 5 EPYC, 1.82 on a
+Zen 4 one and 1.53 on a Xeon with AMX (docs/BENCHMARKS.md), all labelled "AMD EPYC" or "Intel
+Xeon Processor" by a 2-vCPU VM, so a report names the family, model and ISA flags as well.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+# Flags that change which GEMM / attention kernels ONNX Runtime, oneDNN and Inductor pick.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16",
+             "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpuinfo(path: Path) -> dict[str, str]:
+    """The first processor block of ``/proc/cpuinfo`` as key -> value ({} where unreadable)."""
+    fields: dict[str, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return fields
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """Every CPU flag the kernel reports (empty off Linux)."""
+    return set(_cpuinfo(path).get("flags", "").split())
+
+
+def describe_host(path: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """CPU model, family/model numbers, vCPUs and the ISA flags of :data:`ISA_FLAGS` it has."""
+    info = _cpuinfo(path)
+    flags = set(info.get("flags", "").split())
+    return {
+        "cpu": info.get("model name") or platform.processor() or platform.machine(),
+        "vendor": info.get("vendor_id", ""),
+        "family": info.get("cpu family", ""),
+        "model": info.get("model", ""),
+        "vcpus": os.cpu_count() or 0,
+        "arch": platform.machine(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+    }
+
+
+def host_line(host: dict[str, Any]) -> str:
+    """One readable line, e.g. ``AMD EPYC (family 26, model 2), 2 vCPU, x86_64, avx2 ... avx512_bf16, no AMX``."""
+    ident = f" (family {host['family']}, model {host['model']})" if host.get("family") else ""
+    isa = list(host.get("isa", []))
+    amx = "" if any(f.startswith("amx") for f in isa) else ", no AMX"
+    return (f"{host.get('cpu', '?')}{ident}, {host.get('vcpus', '?')} vCPU, {host.get('arch', '?')}"
+            + (f", {' '.join(isa)}" if isa else "") + amx)
