@@ -39,8 +39,10 @@ GPU_DEPS := $(if $(filter $(PY),$(GPU_PY)),install,)
 test-gpu: $(GPU_DEPS)
 	$(GPU_PY) -m pytest -q -m gpu -p no:cacheprovider
 
+# Every run is kept under artifacts/bench/runs/ and compared with the previous one;
+# `make bench ONLY=quantized_speed,cpu-fast.yaml` runs the commands that contain one of the words.
 bench: install
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(if $(ONLY),--only $(ONLY))
 
 # On a machine with a CUDA GPU: the LLM decode step's packages on that GPU (fp32 eager, bf16, int8, fp8).
 bench-gpu: $(GPU_DEPS)

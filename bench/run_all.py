@@ -10,41 +10,81 @@ call spends its time, by operator), bench/reference_reuse.py (validation time of
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
 same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, and prints their tables;
 copy the figures into docs/BENCHMARKS.md together with the command and the machine.
+
+Each run's result files are kept under artifacts/bench/runs/<stamp>/ with every script's wall time;
+from the second run on, its ratios are printed against the previous run's (bench/compare_runs.py).
+A second run reuses the engines the first one built (the scripts' artifacts dirs persist), so it
+mostly measures. ``--only WORD[,WORD]`` runs the commands that contain one of the words.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def main() -> int:
-    rc = 0
-    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4"):
-        cmd = [sys.executable, str(REPO / "bench" / "quantized_speed.py"), "--recipe",
-               str(REPO / "recipes" / f"{recipe}.yaml")]
-        print("$", " ".join(cmd), flush=True)
-        rc |= subprocess.call(cmd)
-    for script in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py", "flow_profile.py"):
-        cmd = [sys.executable, str(REPO / "bench" / script)]
-        print("$", " ".join(cmd), flush=True)
-        rc |= subprocess.call(cmd)
+def commands(fresh: Path) -> list[list[str]]:
+    """Every benchmark command of a run, in order."""
+    py, bench = sys.executable, REPO / "bench"
+    cmds = [[py, str(bench / "quantized_speed.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
+            for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4")]
+    cmds += [[py, str(bench / s)] for s in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py",
+                                            "flow_profile.py")]
     # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
-    fresh = REPO / "artifacts" / "bench" / f"reference-reuse-{time.strftime('%Y%m%d-%H%M%S')}"
-    cmd = [sys.executable, str(REPO / "bench" / "reference_reuse.py"), "--artifacts", str(fresh)]
-    print("$", " ".join(cmd), flush=True)
-    rc |= subprocess.call(cmd)
-    for recipe in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast", "cpu-fast-cfm5"):
-        cmd = [sys.executable, str(REPO / "bench" / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{recipe}.yaml")]
-        print("$", " ".join(cmd), flush=True)
-        rc |= subprocess.call(cmd)
-    cmd = [sys.executable, str(REPO / "bench" / "noop_rebuild.py")]
-    print("$", " ".join(cmd), flush=True)
-    rc |= subprocess.call(cmd)
+    cmds.append([py, str(bench / "reference_reuse.py"), "--artifacts", str(fresh)])
+    cmds += [[py, str(bench / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
+             for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast", "cpu-fast-cfm5")]
+    cmds.append([py, str(bench / "noop_rebuild.py")])
+    return cmds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="comma-separated words; run only the commands containing one "
+                                               "(e.g. --only quantized_speed,cpu-fast.yaml)")
+    args = ap.parse_args()
+    words = [w for w in args.only.split(",") if w]
+    results = REPO / "artifacts" / "bench"
+    runs = results / "runs"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    started = time.time()
+    rc, timings = 0, []
+    with tempfile.TemporaryDirectory(prefix="reference-reuse-") as fresh:
+        todo = [c for c in commands(Path(fresh)) if not words or any(w in " ".join(c) for w in words)]
+        if not todo:
+            print(f"run_all: no benchmark command contains any of {words}", file=sys.stderr)
+            return 2
+        for cmd in todo:
+            print("$", " ".join(cmd), flush=True)
+            t0 = time.perf_counter()
+            code = subprocess.call(cmd)
+            timings.append({"cmd": " ".join(Path(c).name if c.startswith(str(REPO)) else c for c in cmd[1:]),
+                            "seconds": round(time.perf_counter() - t0, 1), "rc": code})
+            print(f"  ({timings[-1]['seconds']:.0f} s, exit {code})", flush=True)
+            rc |= code
+    # Keep this run's result files (only those written during it) for bench/compare_runs.py.
+    folder = runs / stamp
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in results.glob("*.json"):
+        if f.stat().st_mtime >= started:
+            shutil.copy2(f, folder / f.name)
+    (folder / "run_all.json").write_text(json.dumps({"machine": machine(), "scripts": timings,
+                                                     "seconds": round(time.time() - started)}, indent=1))
+    print(f"\nrun kept in {folder} ({(time.time() - started) / 60:.0f} min)")
+    previous = sorted(p for p in runs.iterdir() if p.is_dir() and p.name < stamp)
+    if previous:
+        print(f"against the previous run ({previous[-1].name}):", flush=True)
+        subprocess.call([sys.executable, str(REPO / "bench" / "compare_runs.py"), str(previous[-1]), str(folder)])
     return rc
 
 

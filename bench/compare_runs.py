@@ -1,0 +1,104 @@
+"""Compare the speed ratios of two `make bench` runs (issue 11: run twice, agree within 10 %).
+
+`bench/run_all.py` keeps each run's result files under ``artifacts/bench/runs/<stamp>/``. This reads
+two such folders, takes every ratio the scripts record (``speedup``, ``speedup_vs_fp32``,
+``speedup_vs_eager_fp32``, ``second_over_first``: each a median of interleaved pairs measured in its
+own run), and prints them side by side with their relative difference.
+
+Usage: python bench/compare_runs.py RUN_A RUN_B [--tolerance 0.10]
+       python bench/compare_runs.py --last-two        (the two newest runs under artifacts/bench/runs)
+Exit status 1 when a ratio present in both runs differs by more than the tolerance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = REPO / "artifacts" / "bench" / "runs"
+RATIO_KEYS = ("speedup", "speedup_vs_fp32", "speedup_vs_eager_fp32", "second_over_first")
+
+
+def ratios(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted path, value) of every ratio leaf of a result file's JSON."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key in RATIO_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                yield where, float(value)
+            else:
+                yield from ratios(value, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            # Rows that name themselves (llm_decode's format/batch rows) are matched by name, not position.
+            label = "/".join(str(value[k]) for k in ("format", "loop", "batch") if isinstance(value, dict) and k in value)
+            yield from ratios(value, f"{path}[{label or i}]")
+
+
+def run_ratios(folder: Path) -> dict[str, float]:
+    """Every ratio of every result file in one run's folder, keyed ``file: path``."""
+    out: dict[str, float] = {}
+    for f in sorted(folder.glob("*.json")):
+        if f.name == "run_all.json":
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        out.update({f"{f.stem}: {p}": v for p, v in ratios(data)})
+    return out
+
+
+def compare(a: dict[str, float], b: dict[str, float], tolerance: float) -> tuple[list[list[str]], list[str]]:
+    """Table rows (name, A, B, difference, verdict) and the names over tolerance."""
+    rows, over = [], []
+    for name in sorted(set(a) & set(b)):
+        diff = abs(b[name] - a[name]) / a[name] if a[name] else float("inf")
+        bad = diff > tolerance
+        if bad:
+            over.append(name)
+        rows.append([name, f"{a[name]:.2f}x", f"{b[name]:.2f}x", f"{100 * diff:.1f} %", "OVER" if bad else "ok"])
+    return rows, over
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="*", type=Path, help="two run folders (artifacts/bench/runs/<stamp>)")
+    ap.add_argument("--last-two", action="store_true", help="compare the two newest runs under artifacts/bench/runs")
+    ap.add_argument("--tolerance", type=float, default=0.10, help="largest relative difference that agrees (0.10)")
+    args = ap.parse_args()
+    if args.last_two:
+        found = sorted(p for p in RUNS.glob("*") if p.is_dir()) if RUNS.is_dir() else []
+        if len(found) < 2:
+            print(f"compare_runs: fewer than two runs under {RUNS}; run `make bench` twice", file=sys.stderr)
+            return 2
+        first, second = found[-2:]
+    elif len(args.runs) == 2:
+        first, second = args.runs
+    else:
+        ap.error("give two run folders, or --last-two")
+    for folder in (first, second):
+        if not folder.is_dir():
+            print(f"compare_runs: {folder} is not a folder", file=sys.stderr)
+            return 2
+    a, b = run_ratios(first), run_ratios(second)
+    rows, over = compare(a, b, args.tolerance)
+    print(f"run A: {first}\nrun B: {second}\n")
+    print("| ratio | run A | run B | difference | |")
+    print("|---|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    only = sorted(set(a) ^ set(b))
+    if only:
+        print(f"\nin one run only ({len(only)}): " + ", ".join(only))
+    print(f"\n{len(rows)} ratios in both runs, {len(over)} differ by more than {100 * args.tolerance:.0f} %")
+    return 1 if over else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""bench/compare_runs.py, the check behind issue 11's "make bench run twice agrees within 10 %"."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO
+
+SCRIPT = REPO / "bench" / "compare_runs.py"
+
+
+def _run(folder: Path, e2e: float, llm_rows: list[tuple[str, int, float]], reuse: float) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "end_to_end-cpu-fast.json").write_text(json.dumps(
+        {"speed": {"end_to_end": {"speedup": e2e, "spread": [1.0, 9.0]}}, "quality": {"flow": {"speedup_vs_fp32": 1.4}}}))
+    (folder / "llm_decode-cpu.json").write_text(json.dumps(
+        {"rows": [{"format": f, "loop": "growing cache", "batch": b, "speedup_vs_eager_fp32": v} for f, b, v in llm_rows]}))
+    (folder / "reference_reuse.json").write_text(json.dumps({"second_over_first": reuse}))
+    (folder / "run_all.json").write_text(json.dumps({"scripts": [{"seconds": 5.0, "speedup": 99.0}]}))
+    return folder
+
+
+def _compare(a: Path, b: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), str(a), str(b)], capture_output=True, text=True)
+
+
+def test_runs_within_tolerance_agree(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0), ("bf16", 1, 2.0)], 0.236)
+    # Rows listed in another order are matched by format/loop/batch, not position.
+    b = _run(tmp_path / "b", 3.60, [("bf16", 1, 2.1), ("int8", 1, 4.1)], 0.240)
+    res = _compare(a, b)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "| end_to_end-cpu-fast: speed.end_to_end.speedup | 3.44x | 3.60x | 4.7 % | ok |" in res.stdout
+    assert "llm_decode-cpu: rows[bf16/growing cache/1].speedup_vs_eager_fp32 | 2.00x | 2.10x | 5.0 %" in res.stdout
+    # run_all.json's timings are not a ratio of the benchmarks.
+    assert "run_all" not in res.stdout and "5 ratios in both runs, 0 differ" in res.stdout
+
+
+def test_a_ratio_off_by_more_than_ten_percent_fails(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0)], 0.236)
+    b = _run(tmp_path / "b", 3.44, [("int8", 1, 4.5)], 0.236)
+    res = _compare(a, b)
+    assert res.returncode == 1
+    assert "| 12.5 % | OVER |" in res.stdout and "1 differ by more than 10 %" in res.stdout
+
+
+def test_missing_run_folder_is_a_one_line_error(tmp_path: Path) -> None:
+    res = _compare(tmp_path / "nope", tmp_path / "nope2")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "is not a folder" in res.stderr
