@@ -48,10 +48,15 @@ def commands(fresh: Path) -> list[list[str]]:
     return cmds
 
 
+def label(cmd: list[str]) -> str:
+    """A command without the interpreter and the repo's paths: ``end_to_end.py --recipe cpu-fast.yaml``."""
+    return " ".join(Path(c).name if c.startswith(str(REPO)) else c for c in cmd[1:])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default="", help="comma-separated words; run only the commands containing one "
-                                               "(e.g. --only quantized_speed,cpu-fast.yaml)")
+    ap.add_argument("--only", default="", help="comma-separated; run only the commands whose label contains one, "
+                                               "e.g. 'torch_backend,end_to_end.py --recipe cpu-fast.yaml'")
     args = ap.parse_args()
     words = [w for w in args.only.split(",") if w]
     results = REPO / "artifacts" / "bench"
@@ -60,7 +65,7 @@ def main() -> int:
     started = time.time()
     rc, timings = 0, []
     with tempfile.TemporaryDirectory(prefix="reference-reuse-") as fresh:
-        todo = [c for c in commands(Path(fresh)) if not words or any(w in " ".join(c) for w in words)]
+        todo = [c for c in commands(Path(fresh)) if not words or any(w in label(c) for w in words)]
         if not todo:
             print(f"run_all: no benchmark command contains any of {words}", file=sys.stderr)
             return 2
@@ -68,8 +73,7 @@ def main() -> int:
             print("$", " ".join(cmd), flush=True)
             t0 = time.perf_counter()
             code = subprocess.call(cmd)
-            timings.append({"cmd": " ".join(Path(c).name if c.startswith(str(REPO)) else c for c in cmd[1:]),
-                            "seconds": round(time.perf_counter() - t0, 1), "rc": code})
+            timings.append({"cmd": label(cmd), "seconds": round(time.perf_counter() - t0, 1), "rc": code})
             print(f"  ({timings[-1]['seconds']:.0f} s, exit {code})", flush=True)
             rc |= code
     # Keep this run's result files (only those written during it) for bench/compare_runs.py.
