@@ -136,8 +136,8 @@ class _StepLayers(nn.Module):
         return emb.cos()[None, None], emb.sin()[None, None]
 
     # B and S are passed in, read once from the step's input: reading them from each layer's
-    # hidden state traces a Shape/Gather/Unsqueeze/Concat chain per reshape in every layer (about a
-    # quarter of the exported decode step's nodes, each a fixed cost per token in ONNX Runtime).
+    # hidden state traces a Shape/Gather/Unsqueeze/Concat chain per reshape in every layer (with the
+    # rotary split, a fifth of the exported step's nodes: 2,111 -> 1,688 on the 0.5B INT8 engine).
     def _project(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: Any, S: Any,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, heads, S, D] and k, v [B, kv_heads, S, D] of the new positions, rotated."""
