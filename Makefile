@@ -53,7 +53,7 @@ bench-gpu: $(GPU_DEPS)
 # .whl/ there, then: python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl and
 # PYTHONPATH=/tmp/site make test-gpu bench-gpu GPU_PY=python3
 space := $(subst ,, )
-GPU_WHEELS := pydantic pydantic_core annotated-types typing-inspection onnxslim soundfile cffi pycparser
+GPU_WHEELS := pydantic pydantic_core annotated-types typing-inspection typing_extensions onnxslim soundfile cffi pycparser
 gpu-wheels: install
 	rm -rf .whl && $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \

@@ -127,6 +127,7 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    ap.add_argument("--build-only", action="store_true", help="build (or find cached) the engines and stop")
     args = ap.parse_args()
     art = Path(args.artifacts)
 
@@ -160,6 +161,9 @@ def main() -> int:
         built[fmt] = build_steps(body, f"bench-llm-{target}-{fmt}", ["llm.engine", graphs, "model"], art)
         built[fmt]["graphs"] = built[fmt][graphs]
     build_s = time.perf_counter() - t0
+    print(f"engines {', '.join(formats)} for {target}: {build_s:.0f} s (build or cache)", flush=True)
+    if args.build_only:
+        return 0
 
     models = load_reference(built[formats[0]]["model"], ("llm",), args.threads)
     modules, _, info = get_stage("llm").hook("modules")(models)
