@@ -57,7 +57,7 @@ cat "$LOGS/env.txt" | tee -a "$SUMMARY"
 # ---- phase 1: compile (parallel). Both builders share the model and LLM export steps (the cache's
 # per-key locks make one wait for the other); the pipeline builds HiFT and flow first, then finds
 # the BF16 LLM engine the decode builder compiled (the same cache key).
-(run test-gpu 330 python3 -m pytest -q -m gpu -p no:cacheprovider -o tmp_path_retention_policy=none \
+(run test-gpu 330 nice -n 10 python3 -m pytest -q -m gpu -p no:cacheprovider -o tmp_path_retention_policy=none \
    tests/backends/test_torch.py tests/models/test_llm_static_step.py) &
 P_TEST=$!
 (for fmt in bf16 fp8 int8; do
@@ -84,7 +84,7 @@ decode() {
 }
 [ -e "$LOGS/built-bf16" ] && decode bf16 120
 [ -e "$LOGS/built-pipeline" ] && run pipeline-h100-torch 200 python3 bench/pipeline_speed.py --recipe recipes/h100-torch.yaml \
-  --artifacts "$ART" --threads "$THREADS" && cp "$ART/bench/pipeline_speed-h100-torch.json" "$LOGS/"
+  --artifacts "$ART" --threads "$THREADS" --cases flow,hift,end_to_end,first_chunk && cp "$ART/bench/pipeline_speed-h100-torch.json" "$LOGS/"
 [ -e "$LOGS/built-fp8" ] && decode fp8 90
 [ -e "$LOGS/built-int8" ] && decode int8 90
 

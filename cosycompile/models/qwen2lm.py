@@ -126,7 +126,10 @@ class _StepLayers(nn.Module):
         self.lm = lm
         c = lm.cfg
         self.num_heads, self.kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        # On the LM's device: a step wrapped around an LM already on a GPU must not leave this on the CPU.
+        device = next(lm.parameters()).device
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32, device=device)
+                                           / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

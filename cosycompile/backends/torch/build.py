@@ -43,7 +43,9 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         if device == "cuda":
             from torch.export.passes import move_to_device_pass
 
-            program = move_to_device_pass(program, "cuda")
+            # An indexed device: with a bare "cuda" the moved program's tensor-metadata asserts expect
+            # "cuda" and the fake tensors Inductor traces with are "cuda:0" (torch 2.11: AssertionError).
+            program = move_to_device_pass(program, f"cuda:{torch.cuda.current_device()}")
         package = out / f"{name}.pt2"
         torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
         eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
