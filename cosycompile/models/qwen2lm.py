@@ -132,11 +132,13 @@ class _StepLayers(nn.Module):
                                            / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def _rotary(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [1, 1, S, D] at absolute positions ``pos`` [S] (float)."""
+    def _rotary(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [1, 1, S, D] at absolute positions ``pos`` [S] (float), in ``dtype``: the angles
+        stay float32 (a BF16 position times a frequency is off by a radian past a few hundred), the
+        tables take the hidden state's dtype so that a BF16 step stays BF16 (a no-op in float32)."""
         freqs = pos[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos()[None, None], emb.sin()[None, None]
+        return emb.cos()[None, None].to(dtype), emb.sin()[None, None].to(dtype)
 
     # B and S are passed in, read once from the step's input: reading them from each layer's
     # hidden state traces a Shape/Gather/Unsqueeze/Concat chain per reshape in every layer (with the
@@ -171,12 +173,13 @@ class LLMDecodeStep(_StepLayers):
         body = self.lm.qwen.model
         B, S, _ = inputs_embeds.shape
         P = past_key_values.shape[4]
-        cos, sin = self._rotary(torch.arange(S, dtype=torch.float32, device=inputs_embeds.device) + P)
+        cos, sin = self._rotary(torch.arange(S, dtype=torch.float32, device=inputs_embeds.device) + P,
+                                inputs_embeds.dtype)
         # Query i (absolute P+i) may see keys 0..P+i.
         key_pos = torch.arange(S + P, device=inputs_embeds.device)[None, :]
         allowed = key_pos <= (torch.arange(S, device=inputs_embeds.device)[:, None] + P)
         bias = torch.zeros(allowed.shape, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
-            ~allowed, torch.finfo(torch.float32).min)
+            ~allowed, torch.finfo(inputs_embeds.dtype).min)
         groups = self.num_heads // self.kv_heads
         h = inputs_embeds
         # One flat stack at the end: nested stacks ([k, v] per layer, then the layers) exported as two
@@ -215,10 +218,10 @@ class LLMStaticStep(_StepLayers):
         body = self.lm.qwen.model
         B = inputs_embeds.shape[0]
         M = key_values.shape[4]
-        cos, sin = self._rotary(position.to(torch.float32))
+        cos, sin = self._rotary(position.to(torch.float32), inputs_embeds.dtype)
         slots = torch.arange(M, device=inputs_embeds.device)
         bias = torch.zeros(M, dtype=inputs_embeds.dtype, device=inputs_embeds.device).masked_fill(
-            slots >= position, torch.finfo(torch.float32).min)
+            slots >= position, torch.finfo(inputs_embeds.dtype).min)
         groups = self.num_heads // self.kv_heads
         scale = 1.0 / math.sqrt(self.head_dim)
         h = inputs_embeds
