@@ -147,3 +147,35 @@ def test_generate_uses_the_static_step_only_where_the_utterance_fits(tiny_models
     c = tiny_models.llm.cfg
     next_logits = rt.decoding(np.zeros((c.num_layers, 2, 1, c.num_kv_heads, 10, c.head_dim), np.float32), 30)
     assert isinstance(getattr(next_logits, "__self__", None), StaticCacheDecoder) == static_used
+
+
+def test_steps_run_in_bf16_with_float32_angles(tiny_models: Any) -> None:
+    """A step over an LM cast to BF16 stays BF16 (rotary tables and mask in the hidden state's dtype)
+    and keeps its logits close to FP32; before, finfo(float32).min overflowed the BF16 mask."""
+    import copy
+
+    lm32 = tiny_models.llm
+    lm16 = copy.deepcopy(lm32).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    _, past = _prefill(lm32, 1, 9, gen)
+    embeds = 0.02 * torch.randn(1, 1, lm32.cfg.hidden_size, generator=gen)
+    with torch.inference_mode():
+        want, _ = LLMDecodeStep(lm32).eval()(embeds, past)
+        got, present = LLMDecodeStep(lm16).eval()(embeds.bfloat16(), past.bfloat16())
+        static = StaticCacheDecoder(LLMStaticStep(lm16).eval(), "cpu")
+        static.start(past.bfloat16(), 4)
+        got_static = static.step(embeds.bfloat16())
+    assert got.dtype == present.dtype == got_static.dtype == torch.bfloat16
+    cos = torch.nn.functional.cosine_similarity(want.flatten(), got.float().flatten(), dim=0)
+    assert float(cos) > 0.99
+    assert float((got_static.float() - got.float()).abs().max()) < 0.05 * float(got.float().abs().max())
+
+
+def test_rotary_table_follows_the_lm_device(tiny_models: Any) -> None:
+    """A step wrapped around an LM on another device builds its rotary table there (a CUDA LM's
+    step once kept it on the CPU); the meta device stands in for a GPU here."""
+    import copy
+
+    lm = copy.deepcopy(tiny_models.llm).to("meta")
+    assert LLMStaticStep(lm).inv_freq.device.type == "meta"
+    assert LLMDecodeStep(lm).inv_freq.device.type == "meta"

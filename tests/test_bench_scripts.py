@@ -1,0 +1,47 @@
+"""The benchmark scripts that need no long build run for real on builtin:tiny: their JSON holds
+what docs/BENCHMARKS.md quotes (timings, pairs, floor, quality) and FP32 agrees with itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO
+
+
+def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "bench" / script), *args], capture_output=True, text=True,
+                          timeout=900, cwd=REPO)
+
+
+def test_decode_bound_times_both_loops_against_the_floor(tmp_path: Path) -> None:
+    res = _bench("decode_bound.py", "--device", "cpu", "--preset", "tiny", "--tokens", "4", "--pairs", "1",
+                 "--batches", "1,2", "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "bench" / "decode_bound-cpu.json").read_text())
+    rows = {(r["dtype"], r["loop"], r["batch"]): r for r in out["rows"]}
+    assert set(rows) == {(d, loop, b) for d in ("fp32", "bf16") for loop in ("growing cache", "static cache")
+                         for b in (1, 2)}
+    assert all(r["ms_per_token"] > 0 and r["pairs"] == 1 and r["floor_ms_per_token"] > 0 for r in rows.values())
+    # BF16 reads half the weight bytes; FP32 is the reference itself.
+    assert rows[("bf16", "growing cache", 1)]["weight_bytes"] * 2 == rows[("fp32", "growing cache", 1)]["weight_bytes"]
+    assert rows[("fp32", "static cache", 1)]["logit_cosine"] > 0.99999
+    assert 0.99 < rows[("bf16", "static cache", 1)]["logit_cosine"] < 1.0
+    assert "| bf16 | static cache | 2 |" in res.stdout
+
+
+def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_path: Path) -> None:
+    res = _bench("pipeline_speed.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
+                 "--tokens", "30", "--pairs", "1", "--cases", "hift,end_to_end,first_chunk",
+                 "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "bench" / "pipeline_speed-cpu-fp32.json").read_text())
+    assert set(out["speed"]) == {"hift", "end_to_end", "first_chunk"}
+    assert out["rtf_built"] == out["speed"]["end_to_end"]["built_s"] / out["audio_seconds"] > 0
+    q = out["quality"]
+    # FP32 ONNX Runtime engines decode the reference's tokens and keep its mel and waveform.
+    assert q["tokens_identical"] and q["tokens_built"] == q["tokens_reference"] == 30
+    assert q["flow_mel_snr_db_on_reference_tokens"] > 60 and q["hift_waveform_snr_db_on_reference_mel"] > 60
+    assert {e["backend"] for e in out["engines"].values()} == {"onnxruntime"}
