@@ -42,7 +42,7 @@ test-gpu: $(GPU_DEPS)
 # Every run is kept under artifacts/bench/runs/ and compared with the previous one;
 # `make bench ONLY=quantized_speed,cpu-fast.yaml` runs the commands that contain one of the words.
 bench: install
-	$(PY) bench/run_all.py $(if $(ONLY),--only $(ONLY))
+	$(PY) bench/run_all.py $(if $(ONLY),--only "$(ONLY)")
 
 # On a machine with a CUDA GPU: the eager decode step's bound (no compile), then the LLM decode step's
 # packages on that GPU (fp32 eager, bf16, int8, fp8) and the end-to-end pipeline of h100-torch.yaml.
