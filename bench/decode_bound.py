@@ -21,33 +21,14 @@ import argparse
 import copy
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from builtin_models import machine
+from llm_decode import copy_bytes_per_s, sync
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-
-def sync(torch: Any, device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def copy_bytes_per_s(torch: Any, device: str, mib: int = 512, reps: int = 5) -> float:
-    """Read + write bytes per second of the best of ``reps`` copies of a ``mib`` MiB tensor."""
-    x = torch.empty(mib << 18, dtype=torch.float32, device=device).uniform_()
-    y = torch.empty_like(x)
-    best = float("inf")
-    for _ in range(reps + 1):
-        sync(torch, device)
-        t0 = time.perf_counter()
-        y.copy_(x)
-        sync(torch, device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * x.numel() * 4 / best
 
 
 def decode_run(torch: Any, lm: Any, device: str, dtype: Any, batch: int, past: int, tokens: int,
