@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builtin_models import machine
-from llm_decode import copy_bytes_per_s, sync
+from llm_decode import copy_bytes_per_s, decoder
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -38,25 +38,11 @@ def decode_run(torch: Any, lm: Any, device: str, dtype: Any, batch: int, past: i
     from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
 
     c = lm.cfg
-    gen = torch.Generator().manual_seed(0)
-    cache0 = torch.randn(c.num_layers, 2, batch, c.num_kv_heads, past, c.head_dim, generator=gen).to(device, dtype)
-    embeds = (0.02 * torch.randn(tokens, batch, 1, c.hidden_size, generator=gen)).to(device, dtype)
-    step = (LLMStaticStep if static else LLMDecodeStep)(lm).eval()
-    decoder = StaticCacheDecoder(step, device) if static else None
-
-    def run() -> None:
-        with torch.inference_mode():
-            if decoder is not None:
-                decoder.start(cache0, tokens)
-                for i in range(tokens):
-                    decoder.step(embeds[i])
-            else:
-                cache = cache0
-                for i in range(tokens):
-                    _, cache = step(embeds[i], cache)
-        sync(torch, device)
-
-    return run
+    shape = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden=c.hidden_size)
+    if static:
+        return decoder(None, torch, device, batch, past, tokens, **shape, dtype=dtype,
+                       static=StaticCacheDecoder(LLMStaticStep(lm).eval(), device))
+    return decoder(LLMDecodeStep(lm).eval(), torch, device, batch, past, tokens, **shape, dtype=dtype)
 
 
 def main() -> int:

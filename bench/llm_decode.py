@@ -93,13 +93,16 @@ def program_bytes(graphs_dir: Path) -> int:
 
 
 def decoder(step: Callable[..., Any] | None, torch: Any, device: str, batch: int, past: int, tokens: int,
-            layers: int, kv_heads: int, head_dim: int, hidden: int, static: Any = None) -> Callable[[], None]:
-    """A run of ``tokens`` one-token steps from a random past of ``past`` positions, on the device:
-    through ``step(embeds, cache) -> (logits, present)`` on the growing cache, or through a
-    ``StaticCacheDecoder`` (``static``; its CUDA graph on a GPU), started from the same past."""
+            layers: int, kv_heads: int, head_dim: int, hidden: int, static: Any = None,
+            dtype: Any = None) -> Callable[[], None]:
+    """A run of ``tokens`` one-token steps from a random past of ``past`` positions, on the device
+    (cache and inputs in ``dtype``, float32 by default): through ``step(embeds, cache) -> (logits,
+    present)`` on the growing cache, or through a ``StaticCacheDecoder`` (``static``; its CUDA graph
+    on a GPU), started from the same past."""
+    dtype = dtype or torch.float32
     gen = torch.Generator().manual_seed(0)
-    cache0 = torch.randn(layers, 2, batch, kv_heads, past, head_dim, generator=gen).to(device)
-    embeds = (0.02 * torch.randn(tokens, batch, 1, hidden, generator=gen)).to(device)
+    cache0 = torch.randn(layers, 2, batch, kv_heads, past, head_dim, generator=gen).to(device, dtype)
+    embeds = (0.02 * torch.randn(tokens, batch, 1, hidden, generator=gen)).to(device, dtype)
 
     def run() -> None:
         cache = cache0

@@ -32,7 +32,6 @@ from builtin_models import build_steps, machine
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 STAGES = ("llm", "flow", "hift")
-SAMPLE_RATE = 24000
 
 
 def device_line() -> str:
@@ -60,7 +59,7 @@ def main() -> int:
     from cosycompile.reference.runners import load_reference, reference_pipeline
     from cosycompile.reference.step import workloads
     from cosycompile.runtime.dataset import load_dataset
-    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
     from cosycompile.runtime.loading import read_passport, stage_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.validate import metrics as M
@@ -84,14 +83,14 @@ def main() -> int:
 
     r = ref.synthesize(*first, sampling)
     b = built.synthesize(*first, sampling)
-    same = int(np.sum(r.tokens[: len(b.tokens)] == b.tokens[: len(r.tokens)]))
+    n = min(len(r.tokens), len(b.tokens))
+    agree = np.append(r.tokens[:n] == b.tokens[:n], False)  # the sentinel ends a run of all-equal tokens
     flow_mel = built.flow.mel(r.tokens, first[1])
     quality = {
         "tokens_reference": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
         "tokens_identical": bool(np.array_equal(r.tokens, b.tokens)),
-        "leading_tokens_identical": int(np.argmin(np.append(r.tokens[: len(b.tokens)] == b.tokens[: len(r.tokens)],
-                                                            False))),
-        "tokens_equal_positions": same,
+        "leading_tokens_identical": int(np.argmin(agree)),
+        "token_edit_distance": M.token_edit_distance(r.tokens.tolist(), b.tokens.tolist())[1],
         "flow_mel_snr_db_on_reference_tokens": M.mel_snr_db(r.mel, flow_mel),
         "hift_waveform_snr_db_on_reference_mel": M.waveform_snr_db(r.wav, built.hift.wav(r.mel, 0)),
     }
