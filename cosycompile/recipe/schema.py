@@ -59,6 +59,8 @@ class SpeedSpec(_Strict):
 
     warmup: int = Field(1, ge=0)
     runs: int = Field(3, ge=1, description="timed runs per side (interleaved pairs with reference: same-run)")
+    min_seconds: float = Field(0.0, ge=0, description="keep timing pairs past `runs` until this many seconds have "
+                                                      "passed, so one slow spell of a shared machine cannot set a ratio")
     threads: int = Field(2, ge=1, description="intra-op threads for both reference and engines")
     reference: Literal["same-run", "cached"] = Field(
         "same-run", description="same-run: reference and build timed in interleaved pairs in this run; cached: the "

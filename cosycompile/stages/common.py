@@ -198,6 +198,6 @@ def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> d
 
     fp32 = engine_runtime(ctx, stage, "fp32_engine")
     r = paired_ratio(lambda: workload(fp32), lambda: workload(engine), pairs=ctx.params.get("pairs", 5),
-                     warmup=ctx.params.get("warmup", 1))
+                     warmup=ctx.params.get("warmup", 1), min_seconds=ctx.params.get("min_seconds", 0.0))
     return {"fp32_engine_ms": 1000 * r.reference_s, "engine_ms": 1000 * r.candidate_s, "speedup_vs_fp32": r.ratio,
             "speedup_spread": r.spread, "speed_pairs": r.pairs}

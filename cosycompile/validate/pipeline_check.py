@@ -142,7 +142,8 @@ def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, firs
     for name, fn in ctx.progress(list(cases.items()), desc="timing"):
         if mode == "same-run":
             assert ref is not None
-            r = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=spec["runs"], warmup=spec["warmup"])
+            r = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=spec["runs"], warmup=spec["warmup"],
+                             min_seconds=spec.get("min_seconds", 0.0))
             out[name] = {"reference_s": r.reference_s, "built_s": r.candidate_s, "speedup": r.ratio,
                          "spread": list(r.spread), "pairs": r.pairs}
         else:

@@ -38,19 +38,28 @@ class PairedRatio:
 
 
 def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pairs: int = 5,
-                 warmup: int = 1) -> PairedRatio:
+                 warmup: int = 1, min_seconds: float = 0.0, max_pairs: int = 100) -> PairedRatio:
     """Time ``reference`` and ``candidate`` alternately, ``pairs`` times each after ``warmup`` of each;
-    the order inside a pair alternates too, so neither always runs on a warmer cache."""
+    the order inside a pair alternates too, so neither always runs on a warmer cache.
+
+    With ``min_seconds``, pairs go on (up to ``max_pairs``) until that much time has passed: on a
+    shared machine a slow spell lasts seconds to a minute and slows a memory-bound side more than a
+    compute-bound one, so three pairs inside one spell set the median; a longer window outvotes it.
+    """
     for _ in range(warmup):
         reference()
         candidate()
-    ref_t, cand_t = [], []
-    for i in range(max(pairs, 1)):
+    ref_t: list[float] = []
+    cand_t: list[float] = []
+    start = time.perf_counter()
+    i = 0
+    while i < max(pairs, 1) or (time.perf_counter() - start < min_seconds and i < max_pairs):
         order = ((reference, ref_t), (candidate, cand_t)) if i % 2 == 0 else ((candidate, cand_t), (reference, ref_t))
         for fn, sink in order:
             t0 = time.perf_counter()
             fn()
             sink.append(time.perf_counter() - t0)
+        i += 1
     ratios = [r / c if c > 0 else float("inf") for r, c in zip(ref_t, cand_t)]
     return PairedRatio(float(np.median(ratios)), (float(min(ratios)), float(max(ratios))), len(ratios),
                        float(np.median(ref_t)), float(np.median(cand_t)), ratios)
