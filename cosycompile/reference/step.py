@@ -26,7 +26,8 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.stages import stage_infos
-    from cosycompile.stages.common import eval_inputs, model_dir
+    from cosycompile.stages.check_tools import eval_inputs
+    from cosycompile.stages.common import model_dir
 
     p = ctx.params
     models = load_reference(model_dir(ctx), tuple(stage_infos()), p["threads"])

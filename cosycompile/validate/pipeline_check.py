@@ -25,7 +25,7 @@ PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slo
 def run(ctx: StepContext) -> dict[str, Any]:
     """The ``pipeline.check`` step."""
     from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.stages.common import eval_inputs
+    from cosycompile.stages.check_tools import eval_inputs
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.validate import metrics as M
     from cosycompile.validate.gate import check_thresholds

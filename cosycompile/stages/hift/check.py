@@ -29,7 +29,7 @@ def reference(runtime: Any, items: list[tuple[np.ndarray, Any]], spec: dict[str,
 
 def check(ctx: StepContext) -> dict[str, Any]:
     """The ``hift.check`` step."""
-    from cosycompile.stages.common import engine_runtime, reference_arrays, speed_vs_fp32, write_check
+    from cosycompile.stages.check_tools import engine_runtime, reference_arrays, speed_vs_fp32, write_check
     from cosycompile.validate.metrics import log_mel_l1, waveform_snr_db
 
     eng = engine_runtime(ctx, "hift")
