@@ -76,6 +76,10 @@ def main() -> int:
             timings.append({"cmd": label(cmd), "seconds": round(time.perf_counter() - t0, 1), "rc": code})
             print(f"  ({timings[-1]['seconds']:.0f} s, exit {code})", flush=True)
             rc |= code
+            if fresh in cmd:
+                # Its cache holds a second copy of the 0.5B engines (about 10 GB): free it now, not
+                # after the end-to-end builds that follow have filled the disk next to it.
+                shutil.rmtree(fresh, ignore_errors=True)
     # Keep this run's result files (only those written during it) for bench/compare_runs.py.
     folder = runs / stamp
     folder.mkdir(parents=True, exist_ok=True)
