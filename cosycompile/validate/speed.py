@@ -43,8 +43,9 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
     the order inside a pair alternates too, so neither always runs on a warmer cache.
 
     With ``min_seconds``, pairs go on (up to ``max_pairs``) until that much time has passed: on a
-    shared machine a slow spell lasts seconds to a minute and slows a memory-bound side more than a
-    compute-bound one, so three pairs inside one spell set the median; a longer window outvotes it.
+    shared machine a slow spell slows a memory-bound side more than a compute-bound one, and three pairs
+    inside one spell set the median. A window outvotes spells shorter than itself; spells of minutes
+    (the FP32 ONNX Runtime LLM step, docs/BENCHMARKS.md) still move the ratio.
     """
     for _ in range(warmup):
         reference()
