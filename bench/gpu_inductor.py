@@ -1,0 +1,463 @@
+"""Benchmark for a short GPU lease: the LLM decode step and the whole pipeline compiled in this process
+by Inductor (``torch.compile``) and replayed as CUDA graphs, against the PyTorch FP32 eager networks on
+the same device, with the quality of the same networks next to every time.
+
+``bench/llm_decode.py`` and ``bench/pipeline_speed.py`` time what a recipe deploys: AOTInductor
+packages built through the cached build graph. On the 0.5B shapes those builds take most of a
+10-minute call each (docs/BENCHMARKS.md, "H100, 2026-11-25"), more than a 15-minute lease holds. This
+script skips export and packaging: it compiles the same static-cache step (``LLMStaticStep``) with
+``torch.compile`` (the kernels Inductor would put in the package; the CUDA graph removes the wrapper
+that differs) and captures the flow and HiFT networks as CUDA graphs without compiling them. Phases,
+each written to the JSON as soon as it ends, so a call stopped at its limit keeps what it measured:
+
+- ``decode``: ms/token at batch 1 of the FP32 eager growing-cache step (the reference, in interleaved
+  pairs), the eager BF16 static step in a CUDA graph and the compiled BF16 static step, with the
+  bandwidth floor and the logit cosine against the FP32 step over teacher-forced decode steps;
+- ``pipeline``: end-to-end RTF and first chunk (25 + 3 tokens) on the first eval item, the LLM as the
+  compiled BF16 step, flow (BF16) and HiFT (FP32) as CUDA graphs, against the FP32 eager pipeline on
+  the same GPU, in interleaved pairs; quality as bench/pipeline_speed.py reports it;
+- ``formats``: the compiled step in each of ``--formats`` (fp8, int8: the BF16 step whose linears go
+  through ``torch._scaled_mm`` / ``torch._int_mm`` as the ``torch_dynamic`` quantizer writes them);
+- ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
+  package (what the torch backend builds), if time is left.
+
+Usage: python bench/gpu_inductor.py [--phases decode,pipeline,formats,batch8,aoti] [--budget 500]
+Writes artifacts/bench/gpu_inductor-<device>.json and prints Markdown tables. On a CPU it runs the
+same code without CUDA graphs (a check of the script, not a figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from builtin_models import load_builtin, machine
+from llm_decode import copy_bytes_per_s, decoder, sync
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+class DeviceRunner:
+    """A Runner over a module on ``device``: numpy in (floats cast to ``dtype``), float32 numpy out.
+    With ``autocast`` the module stays FP32 and runs under BF16 autocast instead (the flow builds its
+    time embedding in FP32, as ``torch_autocast`` exports it). With ``graphs`` on CUDA each input
+    signature is captured once as a CUDA graph and replayed; a module that cannot be captured (a host
+    sync inside) runs eagerly, and ``eager_reason`` says why."""
+
+    def __init__(self, torch: Any, module: Any, spec: Any, device: str, dtype: Any, graphs: bool,
+                 autocast: bool = False) -> None:
+        self.torch, self.device, self.dtype = torch, device, dtype
+        self.module = _Autocast(torch, module.eval(), device) if autocast else module.eval()
+        self.input_names, self.output_names = spec.input_names, spec.output_names
+        self.graphs = graphs and device == "cuda"
+        self.eager_reason: str | None = None
+        self._captured: dict[tuple, tuple[Any, list[Any], tuple[Any, ...]]] = {}
+
+    def _args(self, feeds: dict[str, Any]) -> list[Any]:
+        torch = self.torch
+        args = []
+        for n in self.input_names:
+            t = torch.from_numpy(np.ascontiguousarray(feeds[n])).to(self.device)
+            args.append(t.to(self.dtype) if t.is_floating_point() else t)
+        return args
+
+    def _capture(self, args: list[Any]) -> tuple[Any, list[Any], tuple[Any, ...]]:
+        torch = self.torch
+        static = [a.clone() for a in args]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.module(*static)  # lazy initialisation must not happen inside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = self.module(*static)
+        return graph, static, outs if isinstance(outs, (tuple, list)) else (outs,)
+
+    def run(self, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+        torch = self.torch
+        with torch.inference_mode():
+            args = self._args(feeds)
+            outs: Any = None
+            if self.graphs and self.eager_reason is None:
+                key = tuple((tuple(a.shape), a.dtype) for a in args)
+                try:
+                    if key not in self._captured:
+                        self._captured[key] = self._capture(args)
+                    graph, static, outs = self._captured[key]
+                    for s, a in zip(static, args):
+                        s.copy_(a)
+                    graph.replay()
+                except RuntimeError as e:  # not capturable: run this module eagerly from now on
+                    self.eager_reason = str(e).splitlines()[0][:200]
+                    outs = None
+            if outs is None:
+                outs = self.module(*args)
+                outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            return {n: o.float().cpu().numpy() for n, o in zip(self.output_names, outs)}
+
+
+class _Autocast:
+    def __init__(self, torch: Any, module: Any, device: str) -> None:
+        self.torch, self.module, self.device = torch, module, device
+
+    def __call__(self, *args: Any) -> Any:
+        # No autocast weight cache: a CUDA graph must cast inside the replay, not reuse a cast of capture time.
+        with self.torch.autocast(self.device, dtype=self.torch.bfloat16, cache_enabled=False):
+            return self.module(*args)
+
+
+class StaticSteps:
+    """What ``LLMRuntime`` asks of a static-cache runner: ``decoder()``. One decoder per thread, kept,
+    so that utterances of similar length replay one capture; the prefill's FP32 cache is cast to the
+    step's dtype on the way in."""
+
+    def __init__(self, torch: Any, step: Callable[..., Any], device: str, dtype: Any) -> None:
+        self.torch, self.step, self.device, self.dtype = torch, step, device, dtype
+        self._local = threading.local()
+
+    def decoder(self) -> Any:
+        from cosycompile.backends.torch.static_decode import StaticCacheDecoder
+
+        dec = getattr(self._local, "decoder", None)
+        if dec is None:
+            dec = self._local.decoder = _CastingDecoder(StaticCacheDecoder(self.step, self.device), self.torch,
+                                                        self.dtype)
+        return dec
+
+
+class _CastingDecoder:
+    def __init__(self, inner: Any, torch: Any, dtype: Any) -> None:
+        self.inner, self.torch, self.dtype = inner, torch, dtype
+        self.fits, self.step = inner.fits, inner.step
+
+    def start(self, present: Any, max_new: int) -> None:
+        if isinstance(present, np.ndarray):
+            present = self.torch.from_numpy(np.ascontiguousarray(present))
+        self.inner.start(present.to(self.dtype), max_new)
+
+
+def quantize_linears(torch: Any, module: Any, fmt: str) -> int:
+    """Replace, in place, the aligned ``nn.Linear`` layers of ``module`` with the ``torch_dynamic``
+    quantizer's INT8 or FP8 linear (weights quantized once, activations per call); returns how many."""
+    from cosycompile.quantize.torch_dynamic.quantize import ALIGN, CUDA_INT8_PAD_ROWS, LINEARS, quantize_weight
+
+    class Quantized(torch.nn.Module):
+        def __init__(self, lin: Any) -> None:
+            super().__init__()
+            q, scale = quantize_weight(lin.weight, fmt)
+            self.register_buffer("w", q)
+            self.register_buffer("scale", scale.to(lin.weight.device))
+            self.bias = lin.bias
+            self.pad = CUDA_INT8_PAD_ROWS if fmt == "int8" and lin.weight.is_cuda else 0
+
+        def forward(self, x: Any) -> Any:
+            return LINEARS[fmt](x, self.w, self.scale, self.bias, self.pad).to(x.dtype)
+
+    done = 0
+    for name, child in list(module.named_modules()):
+        for attr, lin in list(child.named_children()):
+            if isinstance(lin, torch.nn.Linear) and not (lin.out_features % ALIGN[fmt] or lin.in_features % ALIGN[fmt]):
+                setattr(child, attr, Quantized(lin))
+                done += 1
+    return done
+
+
+def weight_bytes(torch: Any, module: Any, skip: set[int]) -> int:
+    """Bytes of the parameters and buffers a step reads (the embedding tables in ``skip`` excluded)."""
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()] if id(t) not in skip}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="builtin:random-0.5b")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti")
+    ap.add_argument("--formats", default="fp8,int8", help="phase formats: the quantized steps, in this order")
+    ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
+    ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--budget", type=float, default=0, help="seconds; a phase that cannot fit is skipped (0: none)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    art = Path(args.artifacts)
+
+    import torch
+
+    from cosycompile.backends.torch.static_decode import StaticCacheDecoder
+    from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.validate import metrics as M
+    from cosycompile.validate.speed import paired_ratio
+
+    torch.set_num_threads(args.threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    gpu = device == "cuda"
+    phases = args.phases.split(",")
+    dest = art / "bench" / f"gpu_inductor-{device}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {
+        "model": args.model, "device": device, "torch": torch.__version__, "past": args.past, "tokens": args.tokens,
+        "machine": (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}, {machine()}" if gpu
+                    else f"{machine()}, {args.threads} threads"), "decode": [], "skipped": []}
+
+    def save() -> None:
+        out["seconds"] = time.perf_counter() - t_start
+        dest.write_text(json.dumps(out, indent=1, default=float))
+
+    def left() -> float:
+        return float("inf") if not args.budget else args.budget - (time.perf_counter() - t_start)
+
+    models = load_builtin(args.model, ("llm", "flow", "hift"), art, args.threads, "gpu-inductor")
+    out["setup_seconds"] = time.perf_counter() - t_start
+    print(f"model ready in {out['setup_seconds']:.0f} s", flush=True)
+    lm = models.llm.to(device).eval()
+    c = lm.cfg
+    shape = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden=c.hidden_size)
+    bf16 = copy.deepcopy(lm).to(torch.bfloat16)
+    skip = {id(lm.qwen.model.embed_tokens.weight), id(lm.speech_embedding.weight), id(lm.llm_embedding.weight)}
+    bandwidth = copy_bytes_per_s(torch, device)
+    out["copy_gb_per_s"] = bandwidth / 1e9
+
+    # Teacher-forced quality: a prefill of 24 random embeddings, then 32 speech-token embeddings one step
+    # at a time; the FP32 growing-cache step's logits are the reference.
+    gen = torch.Generator().manual_seed(3)
+    prefix = (0.02 * torch.randn(1, 24, c.hidden_size, generator=gen)).to(device)
+    speech = torch.randint(0, lm.speech_token_size, (32,), generator=gen).to(device)
+    follow = lm.speech_embedding.weight[speech][:, None, None, :].detach()
+    ref_step = LLMDecodeStep(lm).eval()
+    with torch.inference_mode():
+        empty = torch.zeros(c.num_layers, 2, 1, c.num_kv_heads, 0, c.head_dim, device=device)
+        _, present = ref_step(prefix, empty)
+        cache, ref_logits = present, []
+        for e in follow:
+            logits, cache = ref_step(e, cache)
+            ref_logits.append(logits[0, -1].float().cpu().numpy())
+
+    def cosine(step: Any, dtype: Any) -> float:
+        dec = StaticCacheDecoder(step, device)
+        dec.start(present.to(dtype), len(follow))
+        got = [np.asarray(dec.step(e.to(dtype))[0, -1].float().cpu()) for e in follow]
+        return M.logit_cosine(np.stack(ref_logits), np.stack(got))
+
+    def reference_run(batch: int) -> Callable[[], None]:
+        return decoder(lambda e, cc: ref_step(e, cc), torch, device, batch, args.past, args.tokens, **shape)
+
+    def decode_row(fmt: str, loop: str, step: Any, module: Any, batch: int, dtype: Any, compile_s: float) -> None:
+        t0 = time.perf_counter()
+        cos = cosine(step, dtype)
+        cand = decoder(None, torch, device, batch, args.past, args.tokens, **shape, dtype=dtype,
+                       static=StaticCacheDecoder(step, device))
+        cand()  # the capture, outside the pairs
+        r = paired_ratio(reference_run(batch), cand, pairs=args.pairs)
+        weights = weight_bytes(torch, module, skip | {id(module.qwen.model.embed_tokens.weight),
+                                                      id(module.speech_embedding.weight),
+                                                      id(module.llm_embedding.weight)})
+        kv = batch * c.num_layers * 2 * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8 \
+            * (args.past + args.tokens / 2)
+        row = {"format": fmt, "loop": loop, "batch": batch, "ms_per_token": 1000 * r.candidate_s / args.tokens,
+               "fp32_eager_ms_per_token": 1000 * r.reference_s / args.tokens, "speedup": r.ratio,
+               "spread": r.spread, "pairs": r.pairs, "weight_bytes": weights,
+               "floor_ms_per_token": 1000 * (weights + kv) / bandwidth, "logit_cosine": cos,
+               "compile_seconds": compile_s, "measure_seconds": time.perf_counter() - t0}
+        out["decode"].append(row)
+        save()
+        print(f"  decode {fmt} {loop} batch {batch}: {row['ms_per_token']:.3f} ms/token (floor "
+              f"{row['floor_ms_per_token']:.3f}), cosine {cos:.4f}, compile {compile_s:.0f} s", flush=True)
+
+    def compiled_step(module: Any) -> tuple[Any, float]:
+        """The static step of ``module`` under torch.compile, compiled now (its first call)."""
+        step = torch.compile(LLMStaticStep(module).eval(), fullgraph=True, dynamic=False)
+        t0 = time.perf_counter()
+        dec = StaticCacheDecoder(step, device, cuda_graph=False)
+        with torch.inference_mode():
+            dec.start(present.to(next(module.parameters()).dtype), 1)
+            dec.step(follow[0].to(next(module.parameters()).dtype))
+        sync(torch, device)
+        return step, time.perf_counter() - t0
+
+    loop_name = "static cache, CUDA graph" if gpu else "static cache"
+    compiled: dict[str, Any] = {}
+
+    def compiled_format(fmt: str) -> None:
+        if fmt == "fp8" and not gpu:
+            out["skipped"].append("fp8: torch._scaled_mm is an emulation on a CPU")
+            return
+        module = bf16 if fmt == "bf16" else copy.deepcopy(bf16)
+        n = 0 if fmt == "bf16" else quantize_linears(torch, module, fmt)
+        step, compile_s = compiled_step(module)
+        compiled[fmt] = step
+        decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, module, 1,
+                   torch.bfloat16, compile_s)
+
+    # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
+    need = {"decode": 150, "pipeline": 90, "formats": 120, "batch8": 120, "aoti": 200}
+    for phase in phases:
+        if left() < need.get(phase, 60):
+            out["skipped"].append(f"{phase}: {left():.0f} s left")
+            save()
+            print(f"SKIP {phase}: {left():.0f} s left", flush=True)
+            continue
+        t_phase = time.perf_counter()
+        if phase == "decode":
+            decode_row("bf16", loop_name + " (eager, no compile)", LLMStaticStep(bf16).eval(), bf16, 1,
+                       torch.bfloat16, 0.0)
+            compiled_format("bf16")
+        elif phase == "pipeline":
+            if "bf16" not in compiled:
+                compiled["bf16"] = compiled_step(bf16)[0]
+            out["pipeline"] = pipeline_phase(torch, models, device, compiled["bf16"], args)
+        elif phase == "formats":
+            for fmt in (f for f in args.formats.split(",") if f != "bf16"):
+                if left() < need["formats"]:
+                    out["skipped"].append(f"decode {fmt}: {left():.0f} s left")
+                    continue
+                compiled_format(fmt)
+        elif phase == "batch8":
+            step = compiled["bf16"] if "bf16" in compiled else compiled_step(bf16)[0]
+            t0 = time.perf_counter()
+            warm = decoder(None, torch, device, 8, args.past, 1, **shape, dtype=torch.bfloat16,
+                           static=StaticCacheDecoder(step, device, cuda_graph=False))
+            warm()  # batch 8 is a new shape: a recompile
+            decode_row("bf16", loop_name + ", compiled", step, bf16, 8, torch.bfloat16, time.perf_counter() - t0)
+        elif phase == "aoti":
+            t0 = time.perf_counter()
+            pkg = aoti_step(torch, bf16, present, follow, art, device)
+            decode_row("bf16", loop_name + ", AOTInductor package", pkg, bf16, 1, torch.bfloat16,
+                       time.perf_counter() - t0)
+        else:
+            raise SystemExit(f"unknown phase '{phase}' (known: decode, pipeline, formats, batch8, aoti)")
+        out.setdefault("phase_seconds", {})[phase] = time.perf_counter() - t_phase
+        save()
+    save()
+    print_tables(out)
+    print(f"result: {dest}")
+    return 0
+
+
+def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, device: str) -> Any:
+    """The static step of ``module`` exported and compiled as an AOTInductor package, loaded back."""
+    from cosycompile.models.qwen2lm import LLMStaticStep
+
+    dtype = next(module.parameters()).dtype
+    L, two, B, KVH, _, D = present.shape
+    example = (follow[0].to(dtype), torch.zeros(L, two, B, KVH, 256, D, dtype=dtype, device=device),
+               torch.tensor([present.shape[4]], device=device))
+    with torch.inference_mode():
+        program = torch.export.export(LLMStaticStep(module).eval(), example)
+    path = art / "bench" / "gpu_inductor_step.pt2"
+    torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    return torch._inductor.aoti_load_package(str(path))
+
+
+def pipeline_phase(torch: Any, models: Any, device: str, llm_step: Any, args: Any) -> dict[str, Any]:
+    """End to end and first chunk of the GPU pipeline against the FP32 eager pipeline on the same device."""
+    from cosycompile.core.plugins import load_object
+    from cosycompile.reference.step import workloads
+    from cosycompile.runtime.dataset import load_dataset
+    from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
+    from cosycompile.runtime.pipeline import Pipeline, Sampling
+    from cosycompile.stages import get_stage
+    from cosycompile.validate import metrics as M
+    from cosycompile.validate.speed import paired_ratio
+
+    t0 = time.perf_counter()
+    bf16, fp32 = torch.bfloat16, torch.float32
+
+    def runtime(stage: str, dtypes: dict[str, Any], graphs: bool, static: Any = None, autocast: bool = False) -> Any:
+        sinfo = get_stage(stage)
+        modules, assets, info = sinfo.hook("modules")(models)
+        runners = {}
+        for g in sinfo.graphs:
+            if g.name not in modules:
+                continue
+            dtype = dtypes.get(g.name, fp32)
+            mod = modules[g.name].to(device)
+            if dtype != fp32 and not autocast:
+                mod = copy.deepcopy(mod).to(dtype)
+            runners[g.name] = DeviceRunner(torch, mod, g, device, fp32 if autocast else dtype, graphs,
+                                           autocast and dtype != fp32)
+        if static is not None:
+            runners["llm_step_static"] = static
+        else:
+            runners.pop("llm_step_static", None)
+        return load_object(sinfo.runtime).from_runners(runners, assets, info)
+
+    ref = Pipeline(runtime("llm", {}, False), runtime("flow", {}, False), runtime("hift", {}, False))
+    built = Pipeline(runtime("llm", {"llm_step": bf16}, True, StaticSteps(torch, llm_step, device, bf16)),
+                     runtime("flow", {"flow_encoder": bf16, "flow_estimator": bf16}, True, autocast=True),
+                     runtime("hift", {}, True))
+    item = load_dataset(REPO / "calib_data" / "eval").head(1)[0]
+    first = Frontend(models.model_dir).item_inputs(item)
+    sampling = Sampling(mode="greedy", seed=0, max_tokens=args.speech_tokens)
+    r = ref.synthesize(*first, sampling)
+    b = built.synthesize(*first, sampling)
+    b = built.synthesize(*first, sampling)  # the first call captured the graphs
+    n = min(len(r.tokens), len(b.tokens))
+    agree = np.append(r.tokens[:n] == b.tokens[:n], False)
+    quality = {
+        "tokens_reference": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
+        "tokens_identical": bool(np.array_equal(r.tokens, b.tokens)),
+        "leading_tokens_identical": int(np.argmin(agree)),
+        "flow_mel_snr_db_on_reference_tokens": M.mel_snr_db(r.mel, built.flow.mel(r.tokens, first[1])),
+        "hift_waveform_snr_db_on_reference_mel": M.waveform_snr_db(r.wav, built.hift.wav(r.mel, 0)),
+    }
+    eager = {f"{s}.{n}": getattr(rn, "eager_reason", None) for s, rt in (("flow", built.flow), ("hift", built.hift))
+             for n, rn in vars(rt).items() if hasattr(rn, "eager_reason") and rn.eager_reason}
+    w = workloads(built, first, sampling, b.tokens, b.mel)
+    audio_s = b.mel.shape[1] * 480 / SAMPLE_RATE
+    speed: dict[str, Any] = {}
+    for case in ("first_chunk", "end_to_end", "flow", "hift"):
+        fn = w["cases"][case]
+        fn(built)  # captures for this case's shapes, outside the pairs
+        p = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=args.pairs)
+        speed[case] = {"reference_s": p.reference_s, "built_s": p.candidate_s, "speedup": p.ratio,
+                       "spread": list(p.spread), "pairs": p.pairs}
+        print(f"  pipeline {case}: {1000 * p.candidate_s:.1f} ms, FP32 eager {1000 * p.reference_s:.0f} ms", flush=True)
+    parts = dict(b.seconds)
+    return {"tokens": int(len(b.tokens)), "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s,
+            "rtf_built": speed["end_to_end"]["built_s"] / audio_s,
+            "rtf_reference": speed["end_to_end"]["reference_s"] / audio_s, "speed": speed, "quality": quality,
+            "parts_of_one_synthesis_s": parts, "ran_eagerly": eager, "seconds": time.perf_counter() - t0}
+
+
+def print_tables(out: dict[str, Any]) -> None:
+    print(f"{out['model']} on {out['machine']}, torch {out['torch']}; copy {out.get('copy_gb_per_s', 0):.0f} GB/s "
+          f"(read + write); past {out['past']}, {out['tokens']} tokens a run")
+    print("| format | decode loop | batch | ms/token | vs FP32 eager growing cache (median, spread, pairs) | "
+          "floor ms/token (weights MB) | logit cosine | compile s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in out["decode"]:
+        print(f"| {r['format']} | {r['loop']} | {r['batch']} | {r['ms_per_token']:.3f} | {r['speedup']:.2f}x "
+              f"({r['spread'][0]:.2f}-{r['spread'][1]:.2f}, {r['pairs']}; FP32 {r['fp32_eager_ms_per_token']:.2f} ms) | "
+              f"{r['floor_ms_per_token']:.3f} ({r['weight_bytes'] / 1e6:.0f}) | {r['logit_cosine']:.4f} | "
+              f"{r['compile_seconds']:.0f} |")
+    p = out.get("pipeline")
+    if p:
+        print(f"pipeline: {p['tokens']} tokens, {p['audio_seconds']:.1f} s audio; RTF built {p['rtf_built']:.4f}, "
+              f"FP32 eager {p['rtf_reference']:.3f}")
+        print("| workload | FP32 eager ms | built ms | speed-up (median, spread, pairs) |")
+        print("|---|---|---|---|")
+        for case, s in p["speed"].items():
+            print(f"| {case} | {1000 * s['reference_s']:.1f} | {1000 * s['built_s']:.1f} | {s['speedup']:.1f}x "
+                  f"({s['spread'][0]:.1f}-{s['spread'][1]:.1f}, {s['pairs']}) |")
+        print("quality: " + json.dumps(p["quality"], default=float))
+        if p["ran_eagerly"]:
+            print("ran eagerly: " + json.dumps(p["ran_eagerly"]))
+    if out["skipped"]:
+        print("skipped: " + "; ".join(out["skipped"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
