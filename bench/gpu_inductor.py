@@ -171,6 +171,46 @@ def quantize_linears(torch: Any, module: Any, fmt: str) -> int:
     return done
 
 
+def fused_step(torch: Any, lm: Any) -> Any:
+    """The static step with each layer's q/k/v projections read as one matrix and gate/up as another:
+    at batch 1 a GEMV costs a kernel launch's latency more than its bytes, so fewer and larger ones
+    (7 -> 4 a layer) measure how much of the step's time is kernel count. Same arithmetic, same weights."""
+    from cosycompile.models.qwen2lm import LLMStaticStep, _rotate_half
+
+    def merged(*lins: Any) -> Any:
+        out = torch.nn.Linear(lins[0].in_features, sum(x.out_features for x in lins),
+                              bias=lins[0].bias is not None, device=lins[0].weight.device, dtype=lins[0].weight.dtype)
+        with torch.no_grad():
+            out.weight.copy_(torch.cat([x.weight for x in lins]))
+            if out.bias is not None:
+                out.bias.copy_(torch.cat([x.bias for x in lins]))
+        return out
+
+    class FusedStaticStep(LLMStaticStep):
+        def _project(self, layer: Any, h: Any, cos: Any, sin: Any, B: Any, S: Any) -> Any:
+            q, k, v = layer.self_attn.qkv_proj(layer.input_layernorm(h)).split(
+                [self.num_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
+            q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+            k = k.view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
+            half = self.head_dim // 2
+            return q * cos + _rotate_half(q, half) * sin, k * cos + _rotate_half(k, half) * sin, v
+
+        def _finish(self, layer: Any, h: Any, ctx: Any, B: Any, S: Any) -> Any:
+            h = h + layer.self_attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+            mlp = layer.mlp
+            gate, up = mlp.gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
+            return h + mlp.down_proj(mlp.act_fn(gate) * up)
+
+    lm = copy.deepcopy(lm)
+    for layer in lm.qwen.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        a.qkv_proj = merged(a.q_proj, a.k_proj, a.v_proj)
+        m.gate_up_proj = merged(m.gate_proj, m.up_proj)
+        del a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj
+    return FusedStaticStep(lm)
+
+
 def weight_bytes(torch: Any, module: Any, skip: set[int]) -> int:
     """Bytes of the parameters and buffers a step reads (the embedding tables in ``skip`` excluded)."""
     tensors = {id(t): t for t in [*module.parameters(), *module.buffers()] if id(t) not in skip}
@@ -182,7 +222,8 @@ def main() -> int:
     ap.add_argument("--model", default="builtin:random-0.5b")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti")
-    ap.add_argument("--formats", default="fp8,int8", help="phase formats: the quantized steps, in this order")
+    ap.add_argument("--formats", default="bf16-fused,fp8,int8",
+                    help="phase formats, in this order: fp8 and int8 linears, bf16-fused (q/k/v and gate/up merged)")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
@@ -198,6 +239,7 @@ def main() -> int:
 
     from cosycompile.backends.torch.static_decode import StaticCacheDecoder
     from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.stages import get_stage
     from cosycompile.validate import metrics as M
     from cosycompile.validate.speed import paired_ratio
 
@@ -220,6 +262,8 @@ def main() -> int:
         return float("inf") if not args.budget else args.budget - (time.perf_counter() - t_start)
 
     models = load_builtin(args.model, ("llm", "flow", "hift"), art, args.threads, "gpu-inductor")
+    # The stages' modules and numpy assets, taken while the networks are still on the CPU.
+    parts = {s: get_stage(s).hook("modules")(models) for s in ("llm", "flow", "hift")}
     out["setup_seconds"] = time.perf_counter() - t_start
     print(f"model ready in {out['setup_seconds']:.0f} s", flush=True)
     lm = models.llm.to(device).eval()
@@ -276,9 +320,10 @@ def main() -> int:
         print(f"  decode {fmt} {loop} batch {batch}: {row['ms_per_token']:.3f} ms/token (floor "
               f"{row['floor_ms_per_token']:.3f}), cosine {cos:.4f}, compile {compile_s:.0f} s", flush=True)
 
-    def compiled_step(module: Any) -> tuple[Any, float]:
+    def compiled_step(module: Any, fused: bool = False) -> tuple[Any, float]:
         """The static step of ``module`` under torch.compile, compiled now (its first call)."""
-        step = torch.compile(LLMStaticStep(module).eval(), fullgraph=True, dynamic=False)
+        step = torch.compile((fused_step(torch, module) if fused else LLMStaticStep(module)).eval(), fullgraph=True,
+                             dynamic=False)
         t0 = time.perf_counter()
         dec = StaticCacheDecoder(step, device, cuda_graph=False)
         with torch.inference_mode():
@@ -294,15 +339,15 @@ def main() -> int:
         if fmt == "fp8" and not gpu:
             out["skipped"].append("fp8: torch._scaled_mm is an emulation on a CPU")
             return
-        module = bf16 if fmt == "bf16" else copy.deepcopy(bf16)
-        n = 0 if fmt == "bf16" else quantize_linears(torch, module, fmt)
-        step, compile_s = compiled_step(module)
+        module = bf16 if fmt in ("bf16", "bf16-fused") else copy.deepcopy(bf16)
+        n = 0 if module is bf16 else quantize_linears(torch, module, fmt)
+        step, compile_s = compiled_step(module, fused=fmt == "bf16-fused")
         compiled[fmt] = step
         decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, module, 1,
                    torch.bfloat16, compile_s)
 
     # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
-    need = {"decode": 150, "pipeline": 90, "formats": 120, "batch8": 120, "aoti": 200}
+    need = {"decode": 80, "pipeline": 100, "formats": 45, "batch8": 45, "aoti": 200}
     for phase in phases:
         if left() < need.get(phase, 60):
             out["skipped"].append(f"{phase}: {left():.0f} s left")
@@ -317,9 +362,9 @@ def main() -> int:
         elif phase == "pipeline":
             if "bf16" not in compiled:
                 compiled["bf16"] = compiled_step(bf16)[0]
-            out["pipeline"] = pipeline_phase(torch, models, device, compiled["bf16"], args)
+            out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled["bf16"], args)
         elif phase == "formats":
-            for fmt in (f for f in args.formats.split(",") if f != "bf16"):
+            for fmt in (f for f in args.formats.split(",") if f not in compiled):
                 if left() < need["formats"]:
                     out["skipped"].append(f"decode {fmt}: {left():.0f} s left")
                     continue
@@ -361,7 +406,8 @@ def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, dev
     return torch._inductor.aoti_load_package(str(path))
 
 
-def pipeline_phase(torch: Any, models: Any, device: str, llm_step: Any, args: Any) -> dict[str, Any]:
+def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, llm_step: Any,
+                   args: Any) -> dict[str, Any]:
     """End to end and first chunk of the GPU pipeline against the FP32 eager pipeline on the same device."""
     from cosycompile.core.plugins import load_object
     from cosycompile.reference.step import workloads
@@ -377,7 +423,7 @@ def pipeline_phase(torch: Any, models: Any, device: str, llm_step: Any, args: An
 
     def runtime(stage: str, dtypes: dict[str, Any], graphs: bool, static: Any = None, autocast: bool = False) -> Any:
         sinfo = get_stage(stage)
-        modules, assets, info = sinfo.hook("modules")(models)
+        modules, assets, info = parts[stage]
         runners = {}
         for g in sinfo.graphs:
             if g.name not in modules:
