@@ -303,7 +303,6 @@ def _voice_f0_predictor(hift: nn.Module, mean_hz: float = 150.0, spread_hz: floa
 
 def _write_frontend_standins(out: Path, seed: int) -> None:
     """Tiny ONNX models with the real campplus / speech tokenizer I/O signatures."""
-    import onnx
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
@@ -321,7 +320,7 @@ def _write_frontend_standins(out: Path, seed: int) -> None:
         "campplus_standin",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 192])], [w, b])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "campplus.onnx")
+    _save_standin(g, out / "campplus.onnx")
     # speech tokenizer: feats [1,128,T] -> 4-frame average pooling -> projection -> argmax ids (25 Hz).
     proj = numpy_helper.from_array(rng.standard_normal((128, 6561)).astype(np.float32), "proj")
     g = helper.make_graph(
@@ -339,7 +338,19 @@ def _write_frontend_standins(out: Path, seed: int) -> None:
         [helper.make_tensor_value_info("tokens", TensorProto.INT32, [1, "N"]),
          helper.make_tensor_value_info("unused_len", TensorProto.INT32, [1])],
         [proj, numpy_helper.from_array(np.array([2], np.int64), "ax")])
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), out / "speech_tokenizer_v2.onnx")
+    _save_standin(g, out / "speech_tokenizer_v2.onnx")
+
+
+def _save_standin(graph: Any, path: Path) -> None:
+    """Save a stand-in graph at opset 17 with the oldest IR version that holds it. ``make_model`` stamps
+    the IR version of the onnx package that writes it, and a model dir written with a newer onnx than a
+    server's ONNX Runtime then fails to load there (seen on a GPU image: IR 14 written, 13 readable)."""
+    import onnx
+    from onnx import helper
+
+    opsets = [helper.make_opsetid("", 17)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
+    onnx.save(model, path)
 
 
 # builtin:tiny-snake is builtin:tiny (same config, same seeded weights) with 4 Snake alphas of one HiFT

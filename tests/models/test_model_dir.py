@@ -147,3 +147,15 @@ def test_frontend_rejects_text_without_token_ids(tmp_path: Path, tiny_model_dir:
     msg = str(exc.value)
     assert msg.startswith(f"{model / QWEN_DIR}: ") and "no token ids" in msg
     assert "'a long sentence\\nthat goes on and on and '..." in msg and "\n" not in msg
+
+
+def test_standin_onnx_files_carry_the_oldest_ir_version_their_opset_allows(tiny_model_dir: Path) -> None:
+    """The onnx package stamps its own IR version on a new model; a model dir written with a newer onnx
+    than a server's ONNX Runtime would not load there. The stand-ins declare the oldest that holds them."""
+    import onnx
+    from onnx import helper
+
+    for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
+        model = onnx.load(str(tiny_model_dir / name))
+        assert model.ir_version == helper.find_min_ir_version_for(list(model.opset_import)), name
+        assert model.ir_version < onnx.IR_VERSION, name
