@@ -32,7 +32,6 @@ import argparse
 import copy
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -116,22 +115,16 @@ class _Autocast:
 
 
 class StaticSteps:
-    """What ``LLMRuntime`` asks of a static-cache runner: ``decoder()``. One decoder per thread, kept,
-    so that utterances of similar length replay one capture; the prefill's FP32 cache is cast to the
-    step's dtype on the way in."""
+    """What ``LLMRuntime`` asks of a static-cache runner: ``decoder()``, one per thread and kept, as the
+    torch backend's runner gives; the prefill's FP32 cache is cast to the step's dtype on the way in."""
 
     def __init__(self, torch: Any, step: Callable[..., Any], device: str, dtype: Any) -> None:
-        self.torch, self.step, self.device, self.dtype = torch, step, device, dtype
-        self._local = threading.local()
+        from cosycompile.backends.torch.static_decode import DecoderPerThread, StaticCacheDecoder
+
+        self._decoders = DecoderPerThread(lambda: _CastingDecoder(StaticCacheDecoder(step, device), torch, dtype))
 
     def decoder(self) -> Any:
-        from cosycompile.backends.torch.static_decode import StaticCacheDecoder
-
-        dec = getattr(self._local, "decoder", None)
-        if dec is None:
-            dec = self._local.decoder = _CastingDecoder(StaticCacheDecoder(self.step, self.device), self.torch,
-                                                        self.dtype)
-        return dec
+        return self._decoders.get()
 
 
 class _CastingDecoder:

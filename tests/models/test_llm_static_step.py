@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosycompile.backends.torch.static_decode import SLOT_BLOCK, StaticCacheDecoder, slots_for
+from cosycompile.backends.torch.static_decode import SLOT_BLOCK, DecoderPerThread, StaticCacheDecoder, slots_for
 from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
 
 
@@ -119,10 +119,14 @@ class _StaticRunner:
 
     def __init__(self, lm: Any, max_slots: int) -> None:
         self.step, self.max_slots, self.decoders = LLMStaticStep(lm).eval(), max_slots, 0
+        self._per_thread = DecoderPerThread(self._make)
 
-    def decoder(self) -> StaticCacheDecoder:
+    def _make(self) -> StaticCacheDecoder:
         self.decoders += 1
         return StaticCacheDecoder(self.step, "cpu", max_slots=self.max_slots)
+
+    def decoder(self) -> StaticCacheDecoder:
+        return self._per_thread.get()
 
 
 @pytest.mark.parametrize(("max_slots", "static_used"), [(4096, True), (16, False)])
@@ -139,14 +143,37 @@ def test_generate_uses_the_static_step_only_where_the_utterance_fits(tiny_models
     text = np.arange(3, 11)
     greedy = Sampling(mode="greedy", seed=0, max_tokens=30)
     want = rt.generate(text, Prompt.empty(), greedy)
+    want_again = rt.generate(np.arange(5, 12), Prompt.empty(), greedy)
     rt.static = _StaticRunner(tiny_models.llm, max_slots)
     got = rt.generate(text, Prompt.empty(), greedy)
+    again = rt.generate(np.arange(5, 12), Prompt.empty(), greedy)  # a second utterance on the kept decoder
     assert rt.static.decoders == 1
-    assert len(want) > 0 and np.array_equal(got, want)
+    assert len(want) > 0 and np.array_equal(got, want) and np.array_equal(again, want_again)
     # The step decoding() hands out: the static decoder's where 10 + 30 positions fit, else llm_step's.
     c = tiny_models.llm.cfg
     next_logits = rt.decoding(np.zeros((c.num_layers, 2, 1, c.num_kv_heads, 10, c.head_dim), np.float32), 30)
     assert isinstance(getattr(next_logits, "__self__", None), StaticCacheDecoder) == static_used
+
+
+def test_decoders_are_kept_per_thread(tiny_models: Any) -> None:
+    """One decoder per thread, the same on every call: utterances on one thread replay one capture, and
+    concurrent requests never share a cache."""
+    import threading
+
+    step = LLMStaticStep(tiny_models.llm).eval()
+    made: list[StaticCacheDecoder] = []
+
+    def make() -> StaticCacheDecoder:
+        made.append(StaticCacheDecoder(step, "cpu"))
+        return made[-1]
+
+    per_thread = DecoderPerThread(make)
+    first, second = per_thread.get(), per_thread.get()
+    other: list[StaticCacheDecoder] = []
+    worker = threading.Thread(target=lambda: other.append(per_thread.get()))
+    worker.start()
+    worker.join()
+    assert first is second and other[0] is not first and made == [first, other[0]]
 
 
 def test_steps_run_in_bf16_with_float32_angles(tiny_models: Any) -> None:

@@ -74,6 +74,7 @@ class AotiRunner:
         self.input_names, self.output_names, self.device = input_names, output_names, device
         self.dims = dims or {}  # the graph spec's dynamic dims: {name: {min, opt, max}}
         self._model = torch._inductor.aoti_load_package(str(path))
+        self._decoders: Any = None
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
@@ -91,12 +92,15 @@ class AotiRunner:
         return dict(zip(self.output_names, outs))
 
     def decoder(self) -> Any:
-        """A :class:`~cosycompile.backends.torch.static_decode.StaticCacheDecoder` over this package
-        (an ``llm_step_static`` program), replayed as a CUDA graph on a GPU."""
-        from cosycompile.backends.torch.static_decode import StaticCacheDecoder
+        """This thread's :class:`~cosycompile.backends.torch.static_decode.StaticCacheDecoder` over this
+        package (an ``llm_step_static`` program), replayed as a CUDA graph on a GPU; the same one on
+        every call, so that utterances of similar length replay one capture."""
+        from cosycompile.backends.torch.static_decode import DecoderPerThread, StaticCacheDecoder
 
-        slots = self.dims.get("slots", {}).get("max")
-        return StaticCacheDecoder(self._model, self.device, max_slots=slots)
+        if self._decoders is None:
+            slots = self.dims.get("slots", {}).get("max")
+            self._decoders = DecoderPerThread(lambda: StaticCacheDecoder(self._model, self.device, max_slots=slots))
+        return self._decoders.get()
 
 
 def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:

@@ -11,6 +11,7 @@ out.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -125,3 +126,23 @@ class StaticCacheDecoder:
             self._embeds.copy_(embeds)
             self._graph.replay()
             return self._logits
+
+
+class DecoderPerThread:
+    """The decoders one compiled step hands out: one per thread, kept from utterance to utterance.
+
+    A decoder made afresh for each utterance captures its CUDA graph afresh (a warm-up step and a
+    capture, every time); a kept one replays its capture whenever the cache size matches. One per
+    thread, because a decoder owns its cache: concurrent requests on a shared one would overwrite it.
+    """
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._local = threading.local()
+
+    def get(self) -> Any:
+        """This thread's decoder, made on first use."""
+        dec = getattr(self._local, "decoder", None)
+        if dec is None:
+            dec = self._local.decoder = self._make()
+        return dec
