@@ -44,11 +44,13 @@ test-gpu: $(GPU_DEPS)
 bench: install
 	$(PY) bench/run_all.py $(if $(ONLY),--only "$(ONLY)")
 
-# On a machine with a CUDA GPU: the eager decode step's bound (no compile), then the LLM decode step's
-# packages on that GPU (fp32 eager, bf16, int8, fp8) and the end-to-end pipeline of h100-torch.yaml.
+# On a machine with a CUDA GPU: the eager decode step's bound (no compile), the step and the pipeline
+# compiled in-process (minutes), then the LLM decode step's packages on that GPU (fp32 eager, bf16,
+# int8, fp8) and the end-to-end pipeline of h100-torch.yaml (AOTInductor builds: most of an hour).
 # On a short lease, bench/gpu_session.sh runs the same pieces one by one inside a time budget.
 bench-gpu: $(GPU_DEPS)
 	$(GPU_PY) bench/decode_bound.py --device cuda --threads $$(nproc)
+	$(GPU_PY) bench/gpu_inductor.py --device cuda --threads $$(nproc)
 	$(GPU_PY) bench/llm_decode.py --device cuda --threads $$(nproc)
 	$(GPU_PY) bench/pipeline_speed.py --recipe recipes/h100-torch.yaml --threads $$(nproc)
 

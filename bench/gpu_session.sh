@@ -6,21 +6,23 @@
 #   PIECES="llm-bf16 llm-fp8" BUDGET=540 bash bench/gpu_session.sh
 #
 # Pieces (each with its own time limit; a failing or stopped piece does not stop the next):
+#   inductor    bench/gpu_inductor.py: the decode step and the pipeline compiled in-process, CUDA graphs
+#               (about 100 s of setup and pipeline, then 30-40 s a decode format; fits a short lease)
 #   bound       bench/decode_bound.py: the eager decode step, growing cache vs CUDA graph (no compile)
 #   tests       the `gpu`-marked tests, one pytest run per test so that a stopped run keeps the others
 #   llm-bf16    bench/llm_decode.py --formats bf16 (build, then time); llm-fp8, llm-int8 likewise
 #   pipeline    bench/pipeline_speed.py on recipes/h100-torch.yaml (build, then time)
 #
-# Measured on an H100 machine (16 cores) on 2026-11-25, three builders in parallel: model 33 s, LLM
-# export 71 s, its BF16 re-export 108 s, HiFT CUDA package 104 s, flow export + BF16 104 s, and the
-# LLM's two CUDA packages unfinished after 180 s. A piece that builds 0.5B engines needs most of a
+# The AOTInductor builds of the 0.5B engines, on an H100 machine (16 cores) on 2026-11-25, three
+# builders in parallel: model 33 s, LLM export 71 s, its BF16 re-export 108 s, HiFT CUDA package
+# 104 s, flow export + BF16 104 s, and the LLM's two CUDA packages unfinished after 180 s. A piece that builds 0.5B engines needs most of a
 # 10-minute call on its own; the pieces therefore run one after the other, never side by side.
 # Logs and result files go to $OUT/session.tgz; the summary is printed last.
 set -u
 OUT=${OUT:-artifacts/gpu-session}
 BUDGET=${BUDGET:-540}
 ART=${ART:-/tmp/cosy-art}
-PIECES=${PIECES:-bound tests llm-bf16 pipeline llm-fp8 llm-int8}
+PIECES=${PIECES:-inductor tests llm-bf16 pipeline llm-fp8 llm-int8}
 LOGS=/tmp/cosy-logs
 rm -rf "$LOGS"
 mkdir -p "$OUT" "$LOGS" "$ART"
@@ -61,12 +63,16 @@ run() {
 tee -a "$SUMMARY" <"$LOGS/env.txt"
 
 decode() {  # decode FORMAT: build the LLM engine in FORMAT for this GPU, then time it
-  run "llm-$1" 480 python3 bench/llm_decode.py --device cuda --formats "$1" --threads "$THREADS" --tokens 64 \
+  run "llm-$1" 480 python3 bench/llm_decode.py --device cuda --formats "$1" --threads "$THREADS" --tokens 64 --min-seconds 0 \
     --artifacts "$ART" && cp "$ART/bench/llm_decode-cuda.json" "$LOGS/llm_decode-cuda-$1.json"
 }
 
 for piece in $PIECES; do
   case $piece in
+    inductor)
+      run inductor 420 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
+        --budget $(($(left) < 420 ? $(left) - 40 : 380))
+      cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/" 2>/dev/null ;;
     bound)
       run bound 150 python3 bench/decode_bound.py --device cuda --threads "$THREADS" --tokens 48 --artifacts "$ART" \
         && cp "$ART/bench/decode_bound-cuda.json" "$LOGS/" ;;

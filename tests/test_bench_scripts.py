@@ -45,3 +45,27 @@ def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_p
     assert q["tokens_identical"] and q["tokens_built"] == q["tokens_reference"] == 30
     assert q["flow_mel_snr_db_on_reference_tokens"] > 60 and q["hift_waveform_snr_db_on_reference_mel"] > 60
     assert {e["backend"] for e in out["engines"].values()} == {"onnxruntime"}
+
+
+def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
+    """The lease script's code paths, without CUDA graphs: eager and compiled static steps, the merged
+    q/k/v + gate/up step, INT8 linears, and the pipeline with its quality, all in one JSON."""
+    res = _bench("gpu_inductor.py", "--device", "cpu", "--model", "builtin:tiny", "--tokens", "4", "--pairs", "1",
+                 "--speech-tokens", "30", "--phases", "decode,pipeline,formats", "--formats", "bf16-fused,int8",
+                 "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "bench" / "gpu_inductor-cpu.json").read_text())
+    rows = {r["format"].split(" ")[0] + "/" + r["loop"]: r for r in out["decode"]}
+    assert set(rows) == {"bf16/static cache (eager, no compile)", "bf16/static cache, compiled",
+                         "bf16-fused/static cache, compiled", "int8/static cache, compiled"}
+    assert all(r["ms_per_token"] > 0 and r["pairs"] == 1 and r["compile_seconds"] >= 0 for r in rows.values())
+    compiled, fused = rows["bf16/static cache, compiled"], rows["bf16-fused/static cache, compiled"]
+    # Merging matrices changes no arithmetic: the same logits as the unmerged step. INT8 reads fewer bytes.
+    assert abs(fused["logit_cosine"] - compiled["logit_cosine"]) < 1e-3 and compiled["logit_cosine"] > 0.99
+    assert compiled["weight_bytes"] > rows["int8/static cache, compiled"]["weight_bytes"]
+    p = out["pipeline"]
+    assert p["tokens"] == 30 and set(p["speed"]) == {"first_chunk", "end_to_end", "flow", "hift"}
+    assert p["rtf_built"] == p["speed"]["end_to_end"]["built_s"] / p["audio_seconds"]
+    # BF16 flow under autocast stays close to FP32; HiFT runs in FP32.
+    assert p["quality"]["flow_mel_snr_db_on_reference_tokens"] > 20
+    assert p["quality"]["hift_waveform_snr_db_on_reference_mel"] > 60
