@@ -128,6 +128,9 @@ def main() -> int:
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per timed run")
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--min-seconds", type=float, default=30.0,
+                    help="time pairs for at least this long per ratio (a slow spell of the machine moves a "
+                         "median of a few pairs; docs/BENCHMARKS.md, \"Ratios run twice\")")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--build-only", action="store_true", help="build (or find cached) the engines and stop")
@@ -182,7 +185,8 @@ def main() -> int:
     kv_bytes_per_position = shape["layers"] * 2 * shape["kv_heads"] * shape["head_dim"] * 4
     out: dict[str, Any] = {
         "model": args.model, "device": device, "target": target, "threads": args.threads, "past": args.past,
-        "tokens": args.tokens, "pairs": args.pairs, "torch": torch.__version__, "build_seconds": build_s,
+        "tokens": args.tokens, "pairs": args.pairs, "min_seconds": args.min_seconds, "torch": torch.__version__,
+        "build_seconds": build_s,
         "machine": (torch.cuda.get_device_name() if device == "cuda" else
                     f"{machine()}, {torch.get_num_threads()} threads"),
         "copy_gb_per_s": bandwidth / 1e9, "rows": []}
@@ -208,7 +212,7 @@ def main() -> int:
                     continue
                 run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape,
                                   static=static.decoder() if static is not None else None)
-                r = paired_ratio(run_eager, run_pkg, pairs=args.pairs)
+                r = paired_ratio(run_eager, run_pkg, pairs=args.pairs, min_seconds=args.min_seconds)
                 out["rows"].append({"format": fmt, "loop": loop, "batch": batch,
                                     "ms_per_token": 1000 * r.candidate_s / args.tokens,
                                     "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,

@@ -61,6 +61,9 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=500)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--min-seconds", type=float, default=30.0,
+                    help="time pairs for at least this long per ratio (a slow spell of the machine moves a "
+                         "median of a few pairs; docs/BENCHMARKS.md, \"Ratios run twice\")")
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
     art = Path(args.artifacts)
@@ -109,13 +112,15 @@ def main() -> int:
           torch.utils.flop_counter.FlopCounterMode(display=False) as fc):
         est(*(torch.from_numpy(f) for f in feeds))
     out: dict = {"model": args.model, "threads": args.threads, "frames": T, "pairs": args.pairs,
+                 "min_seconds": args.min_seconds,
                  "machine": machine(),
                  "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                  "build_seconds": build_s, "estimator_gflop": fc.get_total_flops() / 1e9,
                  "gemm_gflops": {d: gemm_gflops(d, args.threads) for d in ("float32", "bfloat16")}, "flow": {}, "hift": {}}
     base = flows["onnxruntime fp32"]
     for name, rt in flows.items():
-        r = paired_ratio(lambda: base.estimator_call(*feeds), lambda: rt.estimator_call(*feeds), pairs=args.pairs)
+        r = paired_ratio(lambda: base.estimator_call(*feeds), lambda: rt.estimator_call(*feeds), pairs=args.pairs,
+                         min_seconds=args.min_seconds)
         out["flow"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
                              "spread": r.spread, "pairs": r.pairs,
                              "gflops": out["estimator_gflop"] / r.candidate_s,
@@ -126,7 +131,8 @@ def main() -> int:
     ref_wav = reference_runtime("hift", models).wav(mel, seed=0)
     hbase = hifts["onnxruntime fp32"]
     for name, rt in hifts.items():
-        r = paired_ratio(lambda: hbase.wav(mel, seed=0), lambda: rt.wav(mel, seed=0), pairs=args.pairs)
+        r = paired_ratio(lambda: hbase.wav(mel, seed=0), lambda: rt.wav(mel, seed=0), pairs=args.pairs,
+                         min_seconds=args.min_seconds)
         out["hift"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
                              "spread": r.spread, "pairs": r.pairs,
                              "waveform_snr_db": waveform_snr_db(ref_wav, rt.wav(mel, seed=0))}
