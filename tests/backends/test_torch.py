@@ -292,3 +292,40 @@ def test_cuda_quantized_linears_pass_their_checks(tmp_path: Path, fmt: str) -> N
     llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
     flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
     assert llm["logit_cosine"] >= 0.99 and flow["cfm_mel_snr_db_min"] >= 30, (llm, flow)
+
+
+def test_builds_leave_no_weights_in_inductors_cache(torch_build: tuple[Path, Path, Path]) -> None:
+    """Each package's shared object (weights linked in) is removed from Inductor's cache once the package
+    holds it; the kernel caches stay."""
+    art, _, _ = torch_build
+    work = art / "cache" / "shared" / "inductor"
+    assert work.is_dir() and any(work.iterdir())
+    assert not list(work.glob("*/*.wrapper.so"))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 700 MB filesystem (tmpfs), where this machine lets the tests mount one."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=700m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_build_the_disk_cannot_hold_is_refused_before_it_starts(small_disk: Path, tmp_path: Path) -> None:
+    """A full disk inside the packager aborts the process from C++; the build checks the space first."""
+    from cosycompile.backends.torch.build import SPACE_MARGIN, check_space
+    from cosycompile.errors import UserError
+
+    out, work = small_disk / "engine", small_disk / "inductor"
+    out.mkdir()
+    check_space(10 << 20, out, work, "llm_step")  # 2 x (10 MB + margin) fits in 700 MB
+    with pytest.raises(UserError, match=r"disk.*GB free, and compiling 'llm_step' with AOTInductor needs about"):
+        check_space(200 << 20, out, work, "llm_step")  # 2 x (200 MB + margin) does not
+    # On separate disks each holds one copy: the same program fits.
+    check_space(200 << 20, out, tmp_path / "inductor", "llm_step")
+    assert 2 * ((200 << 20) + SPACE_MARGIN) > 700 << 20 > (200 << 20) + SPACE_MARGIN
