@@ -329,3 +329,20 @@ def test_a_build_the_disk_cannot_hold_is_refused_before_it_starts(small_disk: Pa
     # On separate disks each holds one copy: the same program fits.
     check_space(200 << 20, out, tmp_path / "inductor", "llm_step")
     assert 2 * ((200 << 20) + SPACE_MARGIN) > 700 << 20 > (200 << 20) + SPACE_MARGIN
+
+
+def test_only_the_packages_own_build_dir_is_removed(tmp_path: Path) -> None:
+    """Found by the wrapper named inside the package: a build running beside this one keeps its dir."""
+    import zipfile
+
+    from cosycompile.backends.torch.build import remove_build_dir
+
+    work = tmp_path / "inductor"
+    for d, name in (("cmine", "cabc.wrapper.so"), ("cother", "cdef.wrapper.so")):
+        (work / d).mkdir(parents=True)
+        (work / d / name).write_bytes(b"x" * 64)
+    package = tmp_path / "llm_step.pt2"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("llm_step/data/aotinductor/model/cabc.wrapper.so", b"x" * 64)
+    remove_build_dir(package, work)
+    assert not (work / "cmine").exists() and (work / "cother" / "cdef.wrapper.so").exists()

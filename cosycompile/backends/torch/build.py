@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,8 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
             program = move_to_device_pass(program, f"cuda:{torch.cuda.current_device()}")
         package = out / f"{name}.pt2"
         check_space(program_bytes(program), out, work, name)
-        before = aoti_outputs(work)
-        try:
-            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
-        finally:
-            # The package holds its own copy; left in Inductor's cache, each build's weights-sized
-            # shared object would stay there for good (7 GB after a day of benchmarks).
-            for leftover in aoti_outputs(work) - before:
-                shutil.rmtree(leftover, ignore_errors=True)
+        torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
+        remove_build_dir(package, work)
         eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
     eng.info = dict(gd.info)
     eng.write()
@@ -108,9 +103,16 @@ def check_space(weights: int, out: Path, work: Path, name: str) -> None:
                             "free space (`cosycompile cache gc`) or use --artifacts on a larger disk")
 
 
-def aoti_outputs(work: Path) -> set[Path]:
-    """AOTInductor's output dirs under Inductor's cache dir: those holding a compiled wrapper."""
-    return {p.parent for p in work.glob("*/*.wrapper.so")}
+def remove_build_dir(package: Path, work: Path) -> None:
+    """Remove the dir under Inductor's cache where AOTInductor built ``package``: its shared object has
+    the weights linked in, the package holds a copy, and left there each build's would stay for good
+    (7 GB after a day of benchmarks). Found by the wrapper's name inside the package, so a build
+    running beside this one keeps its own dir."""
+    with zipfile.ZipFile(package) as z:
+        wrappers = {Path(n).name for n in z.namelist() if n.endswith(".wrapper.so")}
+    for name in wrappers:
+        for so in work.glob(f"*/{name}"):
+            shutil.rmtree(so.parent, ignore_errors=True)
 
 
 class AotiRunner:
