@@ -14,8 +14,9 @@ each written to the JSON as soon as it ends, so a call stopped at its limit keep
   pairs), the eager BF16 static step in a CUDA graph and the compiled BF16 static step, with the
   bandwidth floor and the logit cosine against the FP32 step over teacher-forced decode steps;
 - ``pipeline``: end-to-end RTF and first chunk (25 + 3 tokens) on the first eval item, the LLM as the
-  compiled BF16 step, flow (BF16) and HiFT (FP32) as CUDA graphs, against the FP32 eager pipeline on
-  the same GPU, in interleaved pairs; quality as bench/pipeline_speed.py reports it;
+  compiled BF16 step, flow (BF16) and HiFT (FP32) as CUDA graphs (with ``--compile-flow`` compiled
+  first), against the FP32 eager pipeline on the same GPU, in interleaved pairs; quality as
+  bench/pipeline_speed.py reports it;
 - ``formats``: the compiled step in each of ``--formats`` (fp8, int8: the BF16 step whose linears go
   through ``torch._scaled_mm`` / ``torch._int_mm`` as the ``torch_dynamic`` quantizer writes them);
 - ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
@@ -222,6 +223,9 @@ def main() -> int:
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--budget", type=float, default=0, help="seconds; a phase that cannot fit is skipped (0: none)")
+    ap.add_argument("--compile-flow", action="store_true",
+                    help="pipeline phase: compile flow and HiFT with torch.compile too (a compile per input shape), "
+                         "not only capture them")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
@@ -414,7 +418,8 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
     t0 = time.perf_counter()
     bf16, fp32 = torch.bfloat16, torch.float32
 
-    def runtime(stage: str, dtypes: dict[str, Any], graphs: bool, static: Any = None, autocast: bool = False) -> Any:
+    def runtime(stage: str, dtypes: dict[str, Any], graphs: bool, static: Any = None, autocast: bool = False,
+                compiled: bool = False) -> Any:
         sinfo = get_stage(stage)
         modules, assets, info = parts[stage]
         runners = {}
@@ -425,6 +430,8 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
             mod = modules[g.name].to(device)
             if dtype != fp32 and not autocast:
                 mod = copy.deepcopy(mod).to(dtype)
+            if compiled:  # one compile per input shape, at the capture's warm-up call
+                mod = torch.compile(mod, dynamic=False)
             runners[g.name] = DeviceRunner(torch, mod, g, device, fp32 if autocast else dtype, graphs,
                                            autocast and dtype != fp32)
         if static is not None:
@@ -435,8 +442,9 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
 
     ref = Pipeline(runtime("llm", {}, False), runtime("flow", {}, False), runtime("hift", {}, False))
     built = Pipeline(runtime("llm", {"llm_step": bf16}, True, StaticSteps(torch, llm_step, device, bf16)),
-                     runtime("flow", {"flow_encoder": bf16, "flow_estimator": bf16}, True, autocast=True),
-                     runtime("hift", {}, True))
+                     runtime("flow", {"flow_encoder": bf16, "flow_estimator": bf16}, True, autocast=True,
+                             compiled=args.compile_flow),
+                     runtime("hift", {}, True, compiled=args.compile_flow))
     item = load_dataset(REPO / "calib_data" / "eval").head(1)[0]
     first = Frontend(models.model_dir).item_inputs(item)
     sampling = Sampling(mode="greedy", seed=0, max_tokens=args.speech_tokens)
@@ -465,7 +473,8 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
                        "spread": list(p.spread), "pairs": p.pairs}
         print(f"  pipeline {case}: {1000 * p.candidate_s:.1f} ms, FP32 eager {1000 * p.reference_s:.0f} ms", flush=True)
     parts = dict(b.seconds)
-    return {"tokens": int(len(b.tokens)), "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s,
+    return {"flow_hift_compiled": bool(args.compile_flow), "tokens": int(len(b.tokens)),
+            "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s,
             "rtf_built": speed["end_to_end"]["built_s"] / audio_s,
             "rtf_reference": speed["end_to_end"]["reference_s"] / audio_s, "speed": speed, "quality": quality,
             "parts_of_one_synthesis_s": parts, "ran_eagerly": eager, "seconds": time.perf_counter() - t0}
