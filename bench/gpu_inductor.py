@@ -157,7 +157,7 @@ def quantize_linears(torch: Any, module: Any, fmt: str) -> int:
             return LINEARS[fmt](x, self.w, self.scale, self.bias, self.pad).to(x.dtype)
 
     done = 0
-    for name, child in list(module.named_modules()):
+    for _, child in list(module.named_modules()):
         for attr, lin in list(child.named_children()):
             if isinstance(lin, torch.nn.Linear) and not (lin.out_features % ALIGN[fmt] or lin.in_features % ALIGN[fmt]):
                 setattr(child, attr, Quantized(lin))
