@@ -56,7 +56,14 @@ class Frontend:
             path = self.model_dir / name
             if not path.is_file():
                 raise ModelError(f"{path}: front-end model is missing")
-            sessions[name] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            try:
+                sessions[name] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # ONNX Runtime raises its own types (Fail, InvalidGraph, ...)
+                # Its message is one long line ending in the reason, e.g. "Unsupported model IR version:
+                # 14, max supported IR version: 13" for a file written by a newer onnx than this runtime.
+                reason = str(exc).strip().splitlines()[0].rsplit(") ", 1)[-1][:200] if str(exc).strip() else ""
+                raise ModelError(f"{path}: ONNX Runtime {ort.__version__} cannot load this front-end model "
+                                 f"({reason or exc.__class__.__name__})") from None
         self.campplus = sessions["campplus.onnx"]
         self.speech_tokenizer = sessions["speech_tokenizer_v2.onnx"]
 

@@ -159,3 +159,21 @@ def test_standin_onnx_files_carry_the_oldest_ir_version_their_opset_allows(tiny_
         model = onnx.load(str(tiny_model_dir / name))
         assert model.ir_version == helper.find_min_ir_version_for(list(model.opset_import)), name
         assert model.ir_version < onnx.IR_VERSION, name
+
+
+def test_front_end_model_this_runtime_cannot_read_is_one_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A front-end ONNX file stamped with an IR version newer than this ONNX Runtime reads (a model dir
+    written on a machine with a newer onnx) names the file and the reason, not a runtime traceback."""
+    import onnx
+
+    from cosycompile.runtime.frontend import Frontend
+
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    campplus = onnx.load(str(model / "campplus.onnx"))
+    campplus.ir_version = 99
+    onnx.save(campplus, str(model / "campplus.onnx"))
+    with pytest.raises(ModelError) as err:
+        Frontend(model)
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"{model / 'campplus.onnx'}: ONNX Runtime") and "IR version" in message, message
