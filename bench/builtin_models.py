@@ -20,6 +20,14 @@ def machine() -> str:
     return f"{host_line(describe_host())}, Python {platform.python_version()}"
 
 
+def add_min_seconds(ap: Any) -> None:
+    """The ``--min-seconds`` option of every script that times a ratio: pairs go on past ``--pairs``
+    until that long has passed, since a slow spell of a shared machine moves a median of a few pairs
+    (docs/BENCHMARKS.md, "Ratios run twice")."""
+    ap.add_argument("--min-seconds", type=float, default=30.0,
+                    help="time each ratio's pairs for at least this long (0: just the set number of pairs)")
+
+
 def load_builtin(model: str, stages: tuple[str, ...], artifacts: Path, threads: int, name: str) -> Any:
     """The reference networks of ``stages`` of ``model`` (e.g. ``builtin:random-0.5b``), read from the
     cache entry of the model step of a throwaway recipe called ``name`` under ``artifacts/bench``."""

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from builtin_models import machine
+from builtin_models import add_min_seconds, machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,9 +53,7 @@ def main() -> int:
     ap.add_argument("--artifacts", default=str(REPO / "artifacts" / "bench" / "end-to-end"))
     ap.add_argument("--tokens", type=int, default=250, help="speech tokens of the eval item (250 = 10 s)")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--min-seconds", type=float, default=30.0,
-                    help="time each ratio's pairs for at least this long (the first chunk and the stage checks' "
-                         "ratios against FP32 engines take a few seconds a pair)")
+    add_min_seconds(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="builtin:random-0.5b")
     args = ap.parse_args()

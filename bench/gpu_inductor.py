@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 from builtin_models import load_builtin, machine
 from llm_decode import copy_bytes_per_s, decoder, sync
+from pipeline_speed import synthesis_quality, time_cases
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -205,9 +206,11 @@ def fused_step(torch: Any, lm: Any) -> Any:
     return FusedStaticStep(lm)
 
 
-def weight_bytes(torch: Any, module: Any, skip: set[int]) -> int:
-    """Bytes of the parameters and buffers a step reads (the embedding tables in ``skip`` excluded)."""
-    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()] if id(t) not in skip}
+def weight_bytes(torch: Any, lm: Any) -> int:
+    """Bytes of the parameters and buffers a step of ``lm`` reads: all but the embedding tables (the
+    step takes embeddings as input)."""
+    tables = {id(lm.qwen.model.embed_tokens.weight), id(lm.speech_embedding.weight), id(lm.llm_embedding.weight)}
+    tensors = {id(t): t for t in [*lm.parameters(), *lm.buffers()] if id(t) not in tables}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -267,7 +270,6 @@ def main() -> int:
     c = lm.cfg
     shape = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden=c.hidden_size)
     bf16 = copy.deepcopy(lm).to(torch.bfloat16)
-    skip = {id(lm.qwen.model.embed_tokens.weight), id(lm.speech_embedding.weight), id(lm.llm_embedding.weight)}
     bandwidth = copy_bytes_per_s(torch, device)
     out["copy_gb_per_s"] = bandwidth / 1e9
 
@@ -302,9 +304,7 @@ def main() -> int:
                        static=StaticCacheDecoder(step, device))
         cand()  # the capture, outside the pairs
         r = paired_ratio(reference_run(batch), cand, pairs=args.pairs)
-        weights = weight_bytes(torch, module, skip | {id(module.qwen.model.embed_tokens.weight),
-                                                      id(module.speech_embedding.weight),
-                                                      id(module.llm_embedding.weight)})
+        weights = weight_bytes(torch, module)
         kv = batch * c.num_layers * 2 * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8 \
             * (args.past + args.tokens / 2)
         row = {"format": fmt, "loop": loop, "batch": batch, "ms_per_token": 1000 * r.candidate_s / args.tokens,
@@ -412,8 +412,6 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
     from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.stages import get_stage
-    from cosycompile.validate import metrics as M
-    from cosycompile.validate.speed import paired_ratio
 
     t0 = time.perf_counter()
     bf16, fp32 = torch.bfloat16, torch.float32
@@ -449,29 +447,14 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
     first = Frontend(models.model_dir).item_inputs(item)
     sampling = Sampling(mode="greedy", seed=0, max_tokens=args.speech_tokens)
     r = ref.synthesize(*first, sampling)
+    built.synthesize(*first, sampling)  # captures the graphs; the second call's part times are the warm ones
     b = built.synthesize(*first, sampling)
-    b = built.synthesize(*first, sampling)  # the first call captured the graphs
-    n = min(len(r.tokens), len(b.tokens))
-    agree = np.append(r.tokens[:n] == b.tokens[:n], False)
-    quality = {
-        "tokens_reference": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
-        "tokens_identical": bool(np.array_equal(r.tokens, b.tokens)),
-        "leading_tokens_identical": int(np.argmin(agree)),
-        "flow_mel_snr_db_on_reference_tokens": M.mel_snr_db(r.mel, built.flow.mel(r.tokens, first[1])),
-        "hift_waveform_snr_db_on_reference_mel": M.waveform_snr_db(r.wav, built.hift.wav(r.mel, 0)),
-    }
+    quality = synthesis_quality(r, b, built, first[1])
     eager = {f"{s}.{n}": getattr(rn, "eager_reason", None) for s, rt in (("flow", built.flow), ("hift", built.hift))
              for n, rn in vars(rt).items() if hasattr(rn, "eager_reason") and rn.eager_reason}
     w = workloads(built, first, sampling, b.tokens, b.mel)
     audio_s = b.mel.shape[1] * 480 / SAMPLE_RATE
-    speed: dict[str, Any] = {}
-    for case in ("first_chunk", "end_to_end", "flow", "hift"):
-        fn = w["cases"][case]
-        fn(built)  # captures for this case's shapes, outside the pairs
-        p = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=args.pairs)
-        speed[case] = {"reference_s": p.reference_s, "built_s": p.candidate_s, "speedup": p.ratio,
-                       "spread": list(p.spread), "pairs": p.pairs}
-        print(f"  pipeline {case}: {1000 * p.candidate_s:.1f} ms, FP32 eager {1000 * p.reference_s:.0f} ms", flush=True)
+    speed = time_cases(ref, built, w["cases"], ["first_chunk", "end_to_end", "flow", "hift"], args.pairs)
     parts = dict(b.seconds)
     return {"flow_hift_compiled": bool(args.compile_flow), "tokens": int(len(b.tokens)),
             "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s,

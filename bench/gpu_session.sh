@@ -15,8 +15,9 @@
 #
 # The AOTInductor builds of the 0.5B engines, on an H100 machine (16 cores) on 2026-11-25, three
 # builders in parallel: model 33 s, LLM export 71 s, its BF16 re-export 108 s, HiFT CUDA package
-# 104 s, flow export + BF16 104 s, and the LLM's two CUDA packages unfinished after 180 s. A piece that builds 0.5B engines needs most of a
-# 10-minute call on its own; the pieces therefore run one after the other, never side by side.
+# 104 s, flow export + BF16 104 s, and the LLM's two CUDA packages unfinished after 180 s. A piece
+# that builds 0.5B engines needs most of a 10-minute call on its own; the pieces therefore run one
+# after the other, never side by side.
 # Logs and result files go to $OUT/session.tgz; the summary is printed last.
 set -u
 OUT=${OUT:-artifacts/gpu-session}

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import machine
+from builtin_models import add_min_seconds, machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,9 +128,7 @@ def main() -> int:
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per timed run")
     ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--min-seconds", type=float, default=30.0,
-                    help="time pairs for at least this long per ratio (a slow spell of the machine moves a "
-                         "median of a few pairs; docs/BENCHMARKS.md, \"Ratios run twice\")")
+    add_min_seconds(ap)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--build-only", action="store_true", help="build (or find cached) the engines and stop")

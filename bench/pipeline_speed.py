@@ -42,6 +42,42 @@ def device_line() -> str:
     return f"{machine()}, torch {torch.__version__}{gpu}"
 
 
+def synthesis_quality(r: Any, b: Any, built: Any, prompt: Any) -> dict[str, Any]:
+    """Quality of the built pipeline's synthesis ``b`` against the reference's ``r`` of the same item:
+    the tokens, and each later stage on the reference's own input (flow on its tokens, HiFT on its
+    mel), so that a token flipped under greedy decoding of random weights hides no other number."""
+    from cosycompile.validate import metrics as M
+
+    n = min(len(r.tokens), len(b.tokens))
+    agree = np.append(r.tokens[:n] == b.tokens[:n], False)  # the sentinel ends a run of all-equal tokens
+    quality = {
+        "tokens_reference": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
+        "tokens_identical": bool(np.array_equal(r.tokens, b.tokens)),
+        "leading_tokens_identical": int(np.argmin(agree)),
+        "token_edit_distance": M.token_edit_distance(r.tokens.tolist(), b.tokens.tolist())[1],
+        "flow_mel_snr_db_on_reference_tokens": M.mel_snr_db(r.mel, built.flow.mel(r.tokens, prompt)),
+        "hift_waveform_snr_db_on_reference_mel": M.waveform_snr_db(r.wav, built.hift.wav(r.mel, 0)),
+    }
+    if quality["tokens_identical"]:
+        quality["end_to_end_waveform_snr_db"] = M.waveform_snr_db(r.wav, b.wav)
+    return quality
+
+
+def time_cases(ref: Any, built: Any, cases: dict[str, Any], names: list[str], pairs: int) -> dict[str, Any]:
+    """Each named workload (``reference.step.workloads``' cases) on both pipelines, in interleaved pairs
+    (the warm-up pair also makes whatever the built side captures or compiles for its shapes)."""
+    from cosycompile.validate.speed import paired_ratio
+
+    speed: dict[str, Any] = {}
+    for case in names:
+        fn = cases[case]
+        p = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=pairs)
+        speed[case] = {"reference_s": p.reference_s, "built_s": p.candidate_s, "speedup": p.ratio,
+                       "spread": list(p.spread), "pairs": p.pairs}
+        print(f"  {case}: built {1000 * p.candidate_s:.1f} ms, reference {1000 * p.reference_s:.0f} ms", flush=True)
+    return speed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--recipe", default=str(REPO / "recipes" / "h100-torch.yaml"))
@@ -62,8 +98,6 @@ def main() -> int:
     from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
     from cosycompile.runtime.loading import read_passport, stage_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
-    from cosycompile.validate import metrics as M
-    from cosycompile.validate.speed import paired_ratio
 
     t0 = time.perf_counter()
     body = {"extends": str(recipe), "model": args.model}
@@ -83,29 +117,10 @@ def main() -> int:
 
     r = ref.synthesize(*first, sampling)
     b = built.synthesize(*first, sampling)
-    n = min(len(r.tokens), len(b.tokens))
-    agree = np.append(r.tokens[:n] == b.tokens[:n], False)  # the sentinel ends a run of all-equal tokens
-    flow_mel = built.flow.mel(r.tokens, first[1])
-    quality = {
-        "tokens_reference": int(len(r.tokens)), "tokens_built": int(len(b.tokens)),
-        "tokens_identical": bool(np.array_equal(r.tokens, b.tokens)),
-        "leading_tokens_identical": int(np.argmin(agree)),
-        "token_edit_distance": M.token_edit_distance(r.tokens.tolist(), b.tokens.tolist())[1],
-        "flow_mel_snr_db_on_reference_tokens": M.mel_snr_db(r.mel, flow_mel),
-        "hift_waveform_snr_db_on_reference_mel": M.waveform_snr_db(r.wav, built.hift.wav(r.mel, 0)),
-    }
-    if quality["tokens_identical"]:
-        quality["end_to_end_waveform_snr_db"] = M.waveform_snr_db(r.wav, b.wav)
-
+    quality = synthesis_quality(r, b, built, first[1])
     w = workloads(built, first, sampling, b.tokens, b.mel)
     audio_s = b.mel.shape[1] * 480 / SAMPLE_RATE
-    speed: dict[str, Any] = {}
-    for case in args.cases.split(","):
-        fn = w["cases"][case]
-        p = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=args.pairs)
-        speed[case] = {"reference_s": p.reference_s, "built_s": p.candidate_s, "speedup": p.ratio,
-                       "spread": list(p.spread), "pairs": p.pairs}
-        print(f"  {case}: built {1000 * p.candidate_s:.1f} ms, reference {1000 * p.reference_s:.0f} ms", flush=True)
+    speed = time_cases(ref, built, w["cases"], args.cases.split(","), args.pairs)
     out = {"machine": device_line(), "recipe": str(recipe), "model": args.model, "tokens": args.tokens,
            "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s, "threads": args.threads,
            "build_seconds": build_s, "engines": {s: {k: passports[s].get(k) for k in ("backend", "precision", "device")}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import machine
+from builtin_models import add_min_seconds, machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -43,9 +43,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32, help="decode steps timed per run")
     ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--min-seconds", type=float, default=30.0,
-                    help="time pairs for at least this long per ratio: the FP32 LLM engine reads 1.45 GB a token, "
-                         "and a slow spell of the machine's memory lasting tens of seconds moves it alone")
+    add_min_seconds(ap)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
 

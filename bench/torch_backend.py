@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import machine
+from builtin_models import add_min_seconds, machine
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -61,9 +61,7 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=500)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--min-seconds", type=float, default=30.0,
-                    help="time pairs for at least this long per ratio (a slow spell of the machine moves a "
-                         "median of a few pairs; docs/BENCHMARKS.md, \"Ratios run twice\")")
+    add_min_seconds(ap)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
     art = Path(args.artifacts)

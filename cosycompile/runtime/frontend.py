@@ -61,9 +61,10 @@ class Frontend:
             except Exception as exc:  # ONNX Runtime raises its own types (Fail, InvalidGraph, ...)
                 # Its message is one long line ending in the reason, e.g. "Unsupported model IR version:
                 # 14, max supported IR version: 13" for a file written by a newer onnx than this runtime.
-                reason = str(exc).strip().splitlines()[0].rsplit(") ", 1)[-1][:200] if str(exc).strip() else ""
+                first = (str(exc).strip().splitlines() or [""])[0]
+                reason = first.rsplit(") ", 1)[-1][:200] or exc.__class__.__name__
                 raise ModelError(f"{path}: ONNX Runtime {ort.__version__} cannot load this front-end model "
-                                 f"({reason or exc.__class__.__name__})") from None
+                                 f"({reason})") from None
         self.campplus = sessions["campplus.onnx"]
         self.speech_tokenizer = sessions["speech_tokenizer_v2.onnx"]
 
