@@ -18,9 +18,14 @@ each written to the JSON as soon as it ends, so a call stopped at its limit keep
   first), against the FP32 eager pipeline on the same GPU, in interleaved pairs; quality as
   bench/pipeline_speed.py reports it;
 - ``formats``: the compiled step in each of ``--formats`` (fp8, int8: the BF16 step whose linears go
-  through ``torch._scaled_mm`` / ``torch._int_mm`` as the ``torch_dynamic`` quantizer writes them);
+  through ``torch._scaled_mm`` / ``torch._int_mm`` as the ``torch_dynamic`` quantizer writes them;
+  bf16-fused: q/k/v and gate/up merged into one matrix each; bf16-tuned: Inductor's coordinate-descent
+  search of its kernels' launch configurations);
 - ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
   package (what the torch backend builds), if time is left.
+
+Every batch-1 row also profiles one step outside the graph: how many kernels it launches and their
+summed time, which, beside the step's time in the graph, tells kernel count from kernel time.
 
 Usage: python bench/gpu_inductor.py [--phases decode,pipeline,formats,batch8,aoti] [--budget 500]
 Writes artifacts/bench/gpu_inductor-<device>.json and prints Markdown tables. On a CPU it runs the
@@ -219,8 +224,9 @@ def main() -> int:
     ap.add_argument("--model", default="builtin:random-0.5b")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti")
-    ap.add_argument("--formats", default="bf16-fused,fp8,int8",
-                    help="phase formats, in this order: fp8 and int8 linears, bf16-fused (q/k/v and gate/up merged)")
+    ap.add_argument("--formats", default="bf16-fused,fp8,int8,bf16-tuned",
+                    help="phase formats, in this order: fp8 and int8 linears, bf16-fused (q/k/v and gate/up "
+                         "merged), bf16-tuned (Inductor's coordinate-descent tuning of its kernels)")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
@@ -304,6 +310,7 @@ def main() -> int:
                        static=StaticCacheDecoder(step, device))
         cand()  # the capture, outside the pairs
         r = paired_ratio(reference_run(batch), cand, pairs=args.pairs)
+        profile = step_profile(step, dtype) if batch == 1 else None
         weights = weight_bytes(torch, module)
         kv = batch * c.num_layers * 2 * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8 \
             * (args.past + args.tokens / 2)
@@ -311,11 +318,34 @@ def main() -> int:
                "fp32_eager_ms_per_token": 1000 * r.reference_s / args.tokens, "speedup": r.ratio,
                "spread": r.spread, "pairs": r.pairs, "weight_bytes": weights,
                "floor_ms_per_token": 1000 * (weights + kv) / bandwidth, "logit_cosine": cos,
-               "compile_seconds": compile_s, "measure_seconds": time.perf_counter() - t0}
+               "compile_seconds": compile_s, "profile": profile, "measure_seconds": time.perf_counter() - t0}
         out["decode"].append(row)
         save()
         print(f"  decode {fmt} {loop} batch {batch}: {row['ms_per_token']:.3f} ms/token (floor "
               f"{row['floor_ms_per_token']:.3f}), cosine {cos:.4f}, compile {compile_s:.0f} s", flush=True)
+
+    def step_profile(step: Any, dtype: Any) -> dict[str, Any]:
+        """What one step launches, outside a CUDA graph: the kernels (on a CPU, the profiler's CPU
+        events: a check of this code, not a figure), their summed time and the five costliest names.
+        With the step's time in a graph, this says whether kernel count or kernel time bounds it."""
+        from torch.profiler import ProfilerActivity, profile
+
+        dec = StaticCacheDecoder(step, device, cuda_graph=False)
+        with torch.inference_mode():
+            dec.start(present.to(dtype), 2)
+            dec.step(follow[0].to(dtype))
+            sync(torch, device)
+            with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
+                dec.step(follow[1].to(dtype))
+                sync(torch, device)
+        kind = "cuda" if gpu else "cpu"
+        events = [e for e in prof.events() if e.device_type.name.lower() == kind]
+        by_name: dict[str, list[float]] = {}
+        for e in events:
+            by_name.setdefault(e.name, []).append(e.time_range.elapsed_us() / 1000)
+        top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:5]
+        return {"events": kind, "kernels": len(events), "kernel_ms": sum(sum(v) for v in by_name.values()),
+                "top": [{"name": k[:80], "count": len(v), "ms": sum(v)} for k, v in top]}
 
     def compiled_step(module: Any, fused: bool = False) -> tuple[Any, float]:
         """The static step of ``module`` under torch.compile, compiled now (its first call)."""
@@ -336,9 +366,11 @@ def main() -> int:
         if fmt == "fp8" and not gpu:
             out["skipped"].append("fp8: torch._scaled_mm is an emulation on a CPU")
             return
-        module = bf16 if fmt in ("bf16", "bf16-fused") else copy.deepcopy(bf16)
+        module = bf16 if fmt.startswith("bf16") else copy.deepcopy(bf16)
         n = 0 if module is bf16 else quantize_linears(torch, module, fmt)
-        step, compile_s = compiled_step(module, fused=fmt == "bf16-fused")
+        # bf16-tuned: Inductor searches each generated kernel's launch configuration (gpt-fast's setting).
+        with torch._inductor.config.patch(coordinate_descent_tuning=fmt == "bf16-tuned"):
+            step, compile_s = compiled_step(module, fused=fmt == "bf16-fused")
         compiled[fmt] = step
         decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, module, 1,
                    torch.bfloat16, compile_s)
@@ -486,6 +518,12 @@ def print_tables(out: dict[str, Any]) -> None:
         print("quality: " + json.dumps(p["quality"], default=float))
         if p["ran_eagerly"]:
             print("ran eagerly: " + json.dumps(p["ran_eagerly"]))
+    for r in out["decode"]:
+        prof = r.get("profile")
+        if prof:
+            top = ", ".join(f"{t['name'][:40]} x{t['count']} {t['ms']:.3f} ms" for t in prof["top"])
+            print(f"profile {r['format']} ({r['loop']}): {prof['kernels']} {prof['events']} events a step, "
+                  f"{prof['kernel_ms']:.3f} ms in them; top: {top}")
     if out["skipped"]:
         print("skipped: " + "; ".join(out["skipped"]))
 

@@ -63,6 +63,10 @@ def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
     # Merging matrices changes no arithmetic: the same logits as the unmerged step. INT8 reads fewer bytes.
     assert abs(fused["logit_cosine"] - compiled["logit_cosine"]) < 1e-3 and compiled["logit_cosine"] > 0.99
     assert compiled["weight_bytes"] > rows["int8/static cache, compiled"]["weight_bytes"]
+    # Each batch-1 row says what one step launched; the eager step runs many more ops than the compiled one.
+    eager = rows["bf16/static cache (eager, no compile)"]["profile"]
+    assert eager["events"] == "cpu" and eager["kernels"] > compiled["profile"]["kernels"] > 0
+    assert eager["kernel_ms"] > 0 and len(eager["top"]) == 5
     p = out["pipeline"]
     assert p["tokens"] == 30 and set(p["speed"]) == {"first_chunk", "end_to_end", "flow", "hift"}
     assert p["rtf_built"] == p["speed"]["end_to_end"]["built_s"] / p["audio_seconds"]
