@@ -224,7 +224,7 @@ def main() -> int:
     ap.add_argument("--model", default="builtin:random-0.5b")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti")
-    ap.add_argument("--formats", default="bf16-fused,fp8,int8,bf16-tuned",
+    ap.add_argument("--formats", default="fp8,bf16-fused,int8,bf16-tuned",
                     help="phase formats, in this order: fp8 and int8 linears, bf16-fused (q/k/v and gate/up "
                          "merged), bf16-tuned (Inductor's coordinate-descent tuning of its kernels)")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
