@@ -8,6 +8,10 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The calibration of bench/end_to_end.py's builds (4 short items: the 0.5B LLM's calibration is the
+# slow part of a build); a script that reuses those engines derives its recipe with the same one.
+END_TO_END_CALIBRATION: dict[str, Any] = {"max_items": 4, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 60}}
+
 
 def machine() -> str:
     """The machine line every benchmark's JSON carries: CPU model, family/model, vCPUs, ISA, Python."""

@@ -73,3 +73,27 @@ def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
     # BF16 flow under autocast stays close to FP32; HiFT runs in FP32.
     assert p["quality"]["flow_mel_snr_db_on_reference_tokens"] > 20
     assert p["quality"]["hift_waveform_snr_db_on_reference_mel"] > 60
+
+
+def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None:
+    res = _bench("first_chunk.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
+                 "--rounds", "3", "--min-seconds", "0", "--artifacts", str(tmp_path), "--results", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "first_chunk-cpu-fp32.json").read_text())
+    assert out["rounds"] == 3 and out["chunk_tokens"] == 28
+    assert set(out["probes"]) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms"}
+    assert all(len(v) == 3 and min(v) > 0 for v in out["probes"].values())
+    # FP32 engines decode the reference's tokens.
+    assert out["tokens_identical_to_reference"]
+    parts = out["parts"]
+    assert set(parts) == {"prefill", "llm", "flow", "hift", "chunk"}
+    for side in ("reference", "built"):
+        t = out["times"][side]
+        assert all(len(v) == 3 and min(v) > 0 for v in t.values())
+        # The prefill with one step is a part of the prefill with 28.
+        assert sorted(t["prefill"])[1] < sorted(t["llm"])[1]
+    # The chunk is llm + flow + hift, round by round, so their shares of its variance add up to 1.
+    shares = [parts[p]["share_of_chunk_variance"] for p in ("llm", "flow", "hift")]
+    assert abs(sum(shares) - 1) < 1e-9
+    assert parts["chunk"]["built_s"] > max(parts[p]["built_s"] for p in ("llm", "flow", "hift"))
+    assert "| flow |" in res.stdout
