@@ -10,13 +10,16 @@ rounds, each round running every part once on each side (the side that goes firs
 - ``llm``: prefill and the 28 tokens of the chunk;
 - ``flow``: the 10-step CFM on those 28 tokens;
 - ``hift``: the vocoder on the chunk's first 50 mel frames (25 tokens x 2);
+- and, on the built side only, the flow on one thread (an ONNX Runtime session of its own);
 
-and, once per round, two probes of the machine's state: its copy throughput (GB/s) and the time of
-a fixed FP32 matmul on one thread and on ``--threads`` (a core's speed, and whether the threads get
+and, once per round, probes of the machine's state: copy throughput of memory and of the caches,
+the time per random read from 64 MiB (many in flight: not one read's latency), and the time of a
+fixed FP32 matmul on one thread and on ``--threads`` (a core's speed, and whether the threads get
 cores of their own). It prints, per part: the built side's median and its spread over the rounds,
 the median of per-round ratios, the part's share of the chunk (llm + flow + hift), the share of the
 chunk's round-to-round variance that the part carries, and the correlation of each part's time to
-each probe. Run it twice and compare the parts' medians to see which one moved.
+each probe; then each part's medians in the rounds where the threads won on the small op and in
+those where they lost. Run it twice and compare the parts' medians to see which one moved.
 
 The engines are the ones ``bench/end_to_end.py`` builds (same recipe body, same artifacts dir), so
 after ``make bench`` nothing is rebuilt.
@@ -60,44 +63,71 @@ def chunk_parts(pipe: Any, text_ids: np.ndarray, prompt: Any, tokens: np.ndarray
 
 
 def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
-    """The machine's state now: copy throughput, and a fixed FP32 matmul on one thread and on
-    ``threads`` (best of 3 each; the thread count is put back as it was)."""
-    def matmul_ms(n: int) -> float:
+    """The machine's state now, each the best of three tries (the thread count is put back after):
+
+    - copy throughput of a 256 MiB buffer (memory);
+    - a fixed FP32 matmul on one thread and on ``threads`` (a core's speed, and whether the threads
+      get cores of their own);
+    - a small in-place add (64 Ki floats, large enough for torch to split it) on one thread and on
+      ``threads``: microseconds per op, mostly the threads' hand-over. Where ``threads`` lose to one
+      thread, handing work between the vCPUs costs more than the work (``threads_lose``: 1.0).
+    """
+    def best_of_3(fn: Callable[[], Any], n: int) -> float:
         torch.set_num_threads(n)
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            for _ in range(4):
-                torch.mm(a, a)
+            fn()
             best = min(best, time.perf_counter() - t0)
-        return 1000 * best
+        return best
+
+    def matmuls() -> None:
+        for _ in range(4):
+            torch.mm(a, a)
+
+    small = torch.ones(1 << 16)
+
+    def small_ops() -> None:
+        for _ in range(1000):
+            small.add_(1.0)
 
     was = torch.get_num_threads()
     try:
-        return {"copy_gb_per_s": copy_bytes_per_s(torch, "cpu", mib=256, reps=2) / 1e9,
-                "matmul_1_thread_ms": matmul_ms(1), f"matmul_{threads}_threads_ms": matmul_ms(threads)}
+        out = {"copy_gb_per_s": copy_bytes_per_s(torch, "cpu", mib=256, reps=2) / 1e9,
+               "matmul_1_thread_ms": 1000 * best_of_3(matmuls, 1),
+               f"matmul_{threads}_threads_ms": 1000 * best_of_3(matmuls, threads),
+               "small_op_1_thread_us": 1000 * best_of_3(small_ops, 1),
+               f"small_op_{threads}_threads_us": 1000 * best_of_3(small_ops, threads)}
     finally:
         torch.set_num_threads(was)
+    out["threads_lose"] = float(out[f"small_op_{threads}_threads_us"] > out["small_op_1_thread_us"])
+    return out
 
 
 def run_rounds(sides: dict[str, dict[str, Callable[[], Any]]], rounds: int, min_seconds: float, threads: int,
+               extras: dict[str, Callable[[], Any]] | None = None,
                max_rounds: int = 200) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]]]:
-    """Seconds of every part of every side, one entry per round, and the machine probes of each round.
-    Rounds go on past ``rounds`` until ``min_seconds`` have passed (as ``paired_ratio``'s window: a
-    spell shorter than the window is outvoted)."""
+    """Seconds of every part of every side, one entry per round, and the machine probes of each round
+    (with ``extras``, each timed once a round, in ms, as ``<name>_ms``). Rounds go on past ``rounds``
+    until ``min_seconds`` have passed (as ``paired_ratio``'s window: a spell shorter than the window
+    is outvoted)."""
     import torch
 
     names = list(sides)
     times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PARTS} for s in names}
     probes: dict[str, list[float]] = {}
     a = torch.randn(1024, 1024)
-    for side in names:  # warm-up: first calls allocate, and the static decoder sizes its cache
-        for fn in sides[side].values():
-            fn()
+    extras = extras or {}
+    for fn in [f for side in names for f in sides[side].values()] + list(extras.values()):
+        fn()  # warm-up: first calls allocate, and the static decoder sizes its cache
     start, i = time.perf_counter(), 0
     while i < max(rounds, 1) or (time.perf_counter() - start < min_seconds and i < max_rounds):
         for k, v in machine_probes(torch, threads, a).items():
             probes.setdefault(k, []).append(v)
+        for name, fn in extras.items():
+            t0 = time.perf_counter()
+            fn()
+            probes.setdefault(f"{name}_ms", []).append(1000 * (time.perf_counter() - t0))
         for side in (names if i % 2 == 0 else names[::-1]):
             for part, fn in sides[side].items():
                 t0 = time.perf_counter()
@@ -132,10 +162,23 @@ def summarize(times: dict[str, dict[str, list[float]]], probes: dict[str, list[f
             # cov(part, chunk) / var(chunk): the parts' shares add up to 1 (prefill is inside llm).
             "share_of_chunk_variance": (float(np.cov(b, chunk, bias=True)[0, 1] / var)
                                         if var > 0 and part != "prefill" else None),
-            "corr_built": {k: corr(b, v) for k, v in probes.items()},
-            "corr_reference": {k: corr(r, v) for k, v in probes.items()},
+            "corr_built": {k: corr(b, v) for k, v in probes.items() if k != "threads_lose"},
+            "corr_reference": {k: corr(r, v) for k, v in probes.items() if k != "threads_lose"},
+            "by_state": by_state(b, r, np.asarray(probes["threads_lose"], bool)),
         }
     return rows
+
+
+def by_state(built: np.ndarray, ref: np.ndarray, lose: np.ndarray) -> dict[str, Any]:
+    """Medians of the rounds where the threads beat one thread on the small op, and of those where
+    they lose: the machine's two states, told apart without a threshold picked by hand."""
+    out: dict[str, Any] = {}
+    for state, mask in (("threads_win", ~lose), ("threads_lose", lose)):
+        if mask.any():
+            out[state] = {"rounds": int(mask.sum()), "built_s": float(np.median(built[mask])),
+                          "reference_s": float(np.median(ref[mask])),
+                          "speedup": float(np.median(ref[mask] / built[mask]))}
+    return out
 
 
 def main() -> int:
@@ -177,7 +220,10 @@ def main() -> int:
 
     sides = {"reference": chunk_parts(ref, text_ids, prompt, tokens, mel, args.chunk_tokens),
              "built": chunk_parts(built, text_ids, prompt, tokens, mel, args.chunk_tokens)}
-    times, probes = run_rounds(sides, args.rounds, args.min_seconds, args.threads)
+    # The built flow on one thread as well: what the chunk's flow costs when the threads do not help.
+    flow_1 = stage_runtime("flow", dirs["flow.engine"], 1)
+    times, probes = run_rounds(sides, args.rounds, args.min_seconds, args.threads,
+                               {"built_flow_1_thread": lambda: flow_1.mel(tokens, prompt)})
     rows = summarize(times, probes)
     out = {"machine": machine(), "recipe": str(recipe), "model": args.model, "threads": args.threads,
            "chunk_tokens": int(len(tokens)), "tokens_identical_to_reference": bool(np.array_equal(tokens, ref_tokens)),
@@ -189,10 +235,13 @@ def main() -> int:
 
     print(f"{recipe.name} on {args.model}, first chunk ({len(tokens)} tokens), {args.threads} threads, "
           f"{out['rounds']} rounds; machine: {out['machine']}")
-    print("machine probes per round (median, min-max): " + "; ".join(
-        f"{k} {np.median(v):.0f} ({min(v):.0f}-{max(v):.0f})" for k, v in probes.items()))
+    lose = int(sum(probes["threads_lose"]))
+    print(f"rounds where {args.threads} threads lose to one on the small op: {lose} of {out['rounds']}")
+    print("probes per round (median, min-max): " + "; ".join(
+        f"{k} {np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for k, v in probes.items() if k != "threads_lose"))
     print("| part | reference ms | built ms (min-max) | speed-up (median of rounds) | spread | share of chunk | "
-          "share of its variance | built time's corr. with " + " / ".join(probes) + " | reference's |")
+          "share of its variance | built time's corr. with "
+          + " / ".join(k for k in probes if k != "threads_lose") + " | reference's |")
     print("|---|---|---|---|---|---|---|---|---|")
 
     def pct(x: float | None) -> str:
@@ -206,6 +255,22 @@ def main() -> int:
               f"({1000 * r['built_min_s']:.0f}-{1000 * r['built_max_s']:.0f}) | {r['speedup']:.2f}x | "
               f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f} | {pct(r['share_of_chunk'])} | "
               f"{pct(r['share_of_chunk_variance'])} | {corrs(r['corr_built'])} | {corrs(r['corr_reference'])} |")
+    print("\nBy the machine's state (medians of the rounds in each):")
+    print("| part | threads win: reference ms | built ms | speed-up | rounds | threads lose: reference ms | built ms | "
+          "speed-up | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for part, r in rows.items():
+        cells = []
+        for state in ("threads_win", "threads_lose"):
+            st = r["by_state"].get(state)
+            cells.append(f"{1000 * st['reference_s']:.0f} | {1000 * st['built_s']:.0f} | {st['speedup']:.2f}x | "
+                         f"{st['rounds']}" if st else "- | - | - | 0")
+        print(f"| {part} | {' | '.join(cells)} |")
+    flow_1 = np.asarray(probes["built_flow_1_thread_ms"])
+    lose_mask = np.asarray(probes["threads_lose"], bool)
+    print("built flow on one thread, ms (median): " + ", ".join(
+        f"{name} {np.median(flow_1[m]):.0f}" for name, m in (("threads win", ~lose_mask), ("threads lose", lose_mask))
+        if m.any()))
     print(f"result: {dest}")
     return 0
 

@@ -81,8 +81,15 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = json.loads((tmp_path / "first_chunk-cpu-fp32.json").read_text())
     assert out["rounds"] == 3 and out["chunk_tokens"] == 28
-    assert set(out["probes"]) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms"}
-    assert all(len(v) == 3 and min(v) > 0 for v in out["probes"].values())
+    probes = out["probes"]
+    assert set(probes) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms", "small_op_1_thread_us",
+                           "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms"}
+    assert all(len(v) == 3 and min(v) > 0 for k, v in probes.items() if k != "threads_lose")
+    # The state of a round is whether two threads lost to one on the small op, and the rounds of the
+    # two states are all the rounds.
+    lose = [a > b for a, b in zip(probes["small_op_2_threads_us"], probes["small_op_1_thread_us"])]
+    assert probes["threads_lose"] == [float(x) for x in lose]
+    assert sum(s["rounds"] for s in out["parts"]["flow"]["by_state"].values()) == 3
     # FP32 engines decode the reference's tokens.
     assert out["tokens_identical_to_reference"]
     parts = out["parts"]
