@@ -38,8 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import END_TO_END_CALIBRATION, build_steps, machine
-from llm_decode import copy_bytes_per_s
+from builtin_models import END_TO_END_CALIBRATION, build_steps, by_state, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -60,48 +59,6 @@ def chunk_parts(pipe: Any, text_ids: np.ndarray, prompt: Any, tokens: np.ndarray
         "flow": lambda: pipe.flow.mel(tokens, prompt),
         "hift": lambda: pipe.hift.wav(mel[:, : 2 * 25], 0),
     }
-
-
-def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
-    """The machine's state now, each the best of three tries (the thread count is put back after):
-
-    - copy throughput of a 256 MiB buffer (memory);
-    - a fixed FP32 matmul on one thread and on ``threads`` (a core's speed, and whether the threads
-      get cores of their own);
-    - a small in-place add (64 Ki floats, large enough for torch to split it) on one thread and on
-      ``threads``: microseconds per op, mostly the threads' hand-over. Where ``threads`` lose to one
-      thread, handing work between the vCPUs costs more than the work (``threads_lose``: 1.0).
-    """
-    def best_of_3(fn: Callable[[], Any], n: int) -> float:
-        torch.set_num_threads(n)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best
-
-    def matmuls() -> None:
-        for _ in range(4):
-            torch.mm(a, a)
-
-    small = torch.ones(1 << 16)
-
-    def small_ops() -> None:
-        for _ in range(1000):
-            small.add_(1.0)
-
-    was = torch.get_num_threads()
-    try:
-        out = {"copy_gb_per_s": copy_bytes_per_s(torch, "cpu", mib=256, reps=2) / 1e9,
-               "matmul_1_thread_ms": 1000 * best_of_3(matmuls, 1),
-               f"matmul_{threads}_threads_ms": 1000 * best_of_3(matmuls, threads),
-               "small_op_1_thread_us": 1000 * best_of_3(small_ops, 1),
-               f"small_op_{threads}_threads_us": 1000 * best_of_3(small_ops, threads)}
-    finally:
-        torch.set_num_threads(was)
-    out["threads_lose"] = float(out[f"small_op_{threads}_threads_us"] > out["small_op_1_thread_us"])
-    return out
 
 
 def run_rounds(sides: dict[str, dict[str, Callable[[], Any]]], rounds: int, min_seconds: float, threads: int,
@@ -164,21 +121,9 @@ def summarize(times: dict[str, dict[str, list[float]]], probes: dict[str, list[f
                                         if var > 0 and part != "prefill" else None),
             "corr_built": {k: corr(b, v) for k, v in probes.items() if k != "threads_lose"},
             "corr_reference": {k: corr(r, v) for k, v in probes.items() if k != "threads_lose"},
-            "by_state": by_state(b, r, np.asarray(probes["threads_lose"], bool)),
+            "by_state": by_state(r, b, probes["threads_lose"]),
         }
     return rows
-
-
-def by_state(built: np.ndarray, ref: np.ndarray, lose: np.ndarray) -> dict[str, Any]:
-    """Medians of the rounds where the threads beat one thread on the small op, and of those where
-    they lose: the machine's two states, told apart without a threshold picked by hand."""
-    out: dict[str, Any] = {}
-    for state, mask in (("threads_win", ~lose), ("threads_lose", lose)):
-        if mask.any():
-            out[state] = {"rounds": int(mask.sum()), "built_s": float(np.median(built[mask])),
-                          "reference_s": float(np.median(ref[mask])),
-                          "speedup": float(np.median(ref[mask] / built[mask]))}
-    return out
 
 
 def main() -> int:
@@ -264,7 +209,7 @@ def main() -> int:
         for state in ("threads_win", "threads_lose"):
             st = r["by_state"].get(state)
             cells.append(f"{1000 * st['reference_s']:.0f} | {1000 * st['built_s']:.0f} | {st['speedup']:.2f}x | "
-                         f"{st['rounds']}" if st else "- | - | - | 0")
+                         f"{st['pairs']}" if st else "- | - | - | 0")
         print(f"| {part} | {' | '.join(cells)} |")
     flow_1 = np.asarray(probes["built_flow_1_thread_ms"])
     lose_mask = np.asarray(probes["threads_lose"], bool)

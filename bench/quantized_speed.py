@@ -22,17 +22,31 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import add_min_seconds, machine
+from builtin_models import add_min_seconds, by_state, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def paired(reference, candidate, pairs: int, min_seconds: float):
-    """FP32 engine vs quantized engine timed in interleaved pairs (the project's one ratio method)."""
+def paired(reference, candidate, pairs: int, min_seconds: float, threads: int):
+    """FP32 engine vs quantized engine timed in interleaved pairs (the project's one ratio method),
+    with the machine probed before each pair."""
+    import torch
+
     from cosycompile.validate.speed import paired_ratio
 
-    return paired_ratio(reference, candidate, pairs=pairs, min_seconds=min_seconds)
+    a = torch.randn(1024, 1024)
+    return paired_ratio(reference, candidate, pairs=pairs, min_seconds=min_seconds,
+                        probe=lambda: machine_probes(torch, threads, a))
+
+
+def states(r) -> dict:
+    """The pairs' medians per machine state, with the copy throughput measured in each."""
+    rows = by_state(r.reference_times, r.candidate_times, [p["threads_lose"] for p in r.probes])
+    for name, row in rows.items():
+        lost = name == "threads_lose"
+        row["copy_gb_per_s"] = float(np.median([p["copy_gb_per_s"] for p in r.probes if bool(p["threads_lose"]) == lost]))
+    return rows
 
 
 def main() -> int:
@@ -97,7 +111,7 @@ def main() -> int:
     T = args.frames
     feeds = tuple(estimator_inputs(rng, T).values())
     r = paired(lambda: f_flow.estimator_call(*feeds), lambda: q_flow.estimator_call(*feeds), args.runs,
-               args.min_seconds)
+               args.min_seconds, args.threads)
     tokens = rng.integers(0, 6561, T // 2)
     from cosycompile.runtime.pipeline import Prompt
 
@@ -105,7 +119,7 @@ def main() -> int:
     prompt.embedding = rng.standard_normal(192).astype(np.float32)
     ref_mel = ref_flow.mel(tokens, prompt)
     out["flow"] = {"fp32_engine_ms": 1000 * r.reference_s, "quant_engine_ms": 1000 * r.candidate_s,
-                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs,
+                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "by_state": states(r),
                    "mel_snr_db_quant_vs_torch": mel_snr_db(ref_mel, q_flow.mel(tokens, prompt)),
                    "mel_snr_db_fp32_engine_vs_torch": mel_snr_db(ref_mel, f_flow.mel(tokens, prompt)),
                    "precision": recipe.typed("flow")["quantize"].format}
@@ -123,12 +137,13 @@ def main() -> int:
         for tok in range(args.tokens):
             _, cache = rt.step(rt.speech_embedding[tok][None, None].astype(np.float32), cache)
 
-    r = paired(lambda: decode(f_llm), lambda: decode(q_llm), max(3, args.runs // 2), args.min_seconds)
+    r = paired(lambda: decode(f_llm), lambda: decode(q_llm), max(3, args.runs // 2), args.min_seconds, args.threads)
     speech = rng.integers(0, 6561, 48)
     ref_logits = ref_llm.teacher_forced_logits(text, empty, speech)
     out["llm"] = {"fp32_engine_ms_per_token": 1000 * r.reference_s / args.tokens,
                   "quant_engine_ms_per_token": 1000 * r.candidate_s / args.tokens,
                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "tokens_timed": args.tokens,
+                  "by_state": states(r),
                   "logit_cosine_quant_vs_torch": logit_cosine(ref_logits, q_llm.teacher_forced_logits(text, empty, speech)),
                   "logit_cosine_fp32_engine_vs_torch": logit_cosine(ref_logits,
                                                                     f_llm.teacher_forced_logits(text, empty, speech)),
@@ -146,6 +161,13 @@ def main() -> int:
           f"{ll['quant_engine_ms_per_token']:.2f} ms/token | {ll['speedup']:.2f}x ({ll['speedup_spread'][0]:.2f}-"
           f"{ll['speedup_spread'][1]:.2f}, {ll['pairs']} pairs) | logit cosine "
           f"{ll['logit_cosine_quant_vs_torch']:.4f} |")
+    print("\nBy the machine's state before each pair (threads win or lose to one thread on a small parallel op):")
+    print("| stage | state | pairs | FP32 engine | quantized engine | speed-up | copy GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for stage, row, scale, unit in (("flow estimator", fl, 1000, "ms"), ("LLM decode step", ll, 1000 / args.tokens, "ms/token")):
+        for state, st in row["by_state"].items():
+            print(f"| {stage} | {state.replace('_', ' ')} | {st['pairs']} | {scale * st['reference_s']:.2f} {unit} | "
+                  f"{scale * st['built_s']:.2f} {unit} | {st['speedup']:.2f}x | {st['copy_gb_per_s']:.0f} |")
     print(f"result: {dest}")
     return 0
 

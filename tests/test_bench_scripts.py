@@ -89,7 +89,7 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     # two states are all the rounds.
     lose = [a > b for a, b in zip(probes["small_op_2_threads_us"], probes["small_op_1_thread_us"])]
     assert probes["threads_lose"] == [float(x) for x in lose]
-    assert sum(s["rounds"] for s in out["parts"]["flow"]["by_state"].values()) == 3
+    assert sum(s["pairs"] for s in out["parts"]["flow"]["by_state"].values()) == 3
     # FP32 engines decode the reference's tokens.
     assert out["tokens_identical_to_reference"]
     parts = out["parts"]

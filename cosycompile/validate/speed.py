@@ -7,7 +7,7 @@ candidate alternately (ABAB...) and taking the median of per-pair ratios cancels
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -35,10 +35,14 @@ class PairedRatio:
     reference_s: float  # median reference time
     candidate_s: float  # median candidate time
     ratios: list[float]
+    probes: list[Any] = field(default_factory=list)  # what ``probe`` said before each pair
+    reference_times: list[float] = field(default_factory=list)  # each pair's, in order
+    candidate_times: list[float] = field(default_factory=list)
 
 
 def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pairs: int = 5,
-                 warmup: int = 1, min_seconds: float = 0.0, max_pairs: int = 100) -> PairedRatio:
+                 warmup: int = 1, min_seconds: float = 0.0, max_pairs: int = 100,
+                 probe: Callable[[], Any] | None = None) -> PairedRatio:
     """Time ``reference`` and ``candidate`` alternately, ``pairs`` times each after ``warmup`` of each;
     the order inside a pair alternates too, so neither always runs on a warmer cache.
 
@@ -46,15 +50,21 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
     shared machine a slow spell slows a memory-bound side more than a compute-bound one, and three pairs
     inside one spell set the median. A window outvotes spells shorter than itself; spells of minutes
     (the FP32 ONNX Runtime LLM step, docs/BENCHMARKS.md) still move the ratio.
+
+    ``probe``, called untimed before each pair, records the machine's state for that pair (a benchmark
+    can then give the ratio per state: a 2-vCPU VM switches between states that move some ratios).
     """
     for _ in range(warmup):
         reference()
         candidate()
     ref_t: list[float] = []
     cand_t: list[float] = []
+    probes: list[Any] = []
     start = time.perf_counter()
     i = 0
     while i < max(pairs, 1) or (time.perf_counter() - start < min_seconds and i < max_pairs):
+        if probe is not None:
+            probes.append(probe())
         order = ((reference, ref_t), (candidate, cand_t)) if i % 2 == 0 else ((candidate, cand_t), (reference, ref_t))
         for fn, sink in order:
             t0 = time.perf_counter()
@@ -63,4 +73,4 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
         i += 1
     ratios = [r / c if c > 0 else float("inf") for r, c in zip(ref_t, cand_t)]
     return PairedRatio(float(np.median(ratios)), (float(min(ratios)), float(max(ratios))), len(ratios),
-                       float(np.median(ref_t)), float(np.median(cand_t)), ratios)
+                       float(np.median(ref_t)), float(np.median(cand_t)), ratios, probes, ref_t, cand_t)

@@ -35,3 +35,21 @@ def test_min_seconds_spreads_pairs_over_a_window() -> None:
 def test_max_pairs_caps_the_window() -> None:
     r = paired_ratio(lambda: None, lambda: None, pairs=1, warmup=0, min_seconds=60, max_pairs=7)
     assert r.pairs == 7
+
+
+def test_a_probe_runs_before_each_pair_and_outside_the_timing() -> None:
+    calls: list[str] = []
+    seen: list[int] = []
+
+    def probe() -> int:
+        calls.append("probe")
+        time.sleep(0.02)  # would swamp both sides' times if it were inside them
+        seen.append(len(seen))
+        return seen[-1]
+
+    r = paired_ratio(_recorder(calls, "ref", 0.002), _recorder(calls, "cand", 0.001), pairs=3, warmup=1, probe=probe)
+    assert r.probes == [0, 1, 2]
+    assert calls == ["ref", "cand", "probe", "ref", "cand", "probe", "cand", "ref", "probe", "ref", "cand"]
+    assert r.reference_s < 0.02 and r.candidate_s < 0.02
+    assert [a / b for a, b in zip(r.reference_times, r.candidate_times)] == r.ratios
+    assert paired_ratio(lambda: None, lambda: None, pairs=2, warmup=0).probes == []
