@@ -158,3 +158,15 @@ def by_state(reference_s: Any, candidate_s: Any, lose: Any) -> dict[str, Any]:
                           "built_s": float(np.median(cand[mask])),
                           "speedup": float(np.median(ref[mask] / cand[mask]))}
     return out
+
+
+def ratio_by_state(r: Any) -> dict[str, Any]:
+    """``by_state`` of a ``paired_ratio`` result whose probe was ``machine_probes``, with the copy
+    throughput measured in each state."""
+    import numpy as np
+
+    rows = by_state(r.reference_times, r.candidate_times, [p["threads_lose"] for p in r.probes])
+    for name, row in rows.items():
+        lost = name == "threads_lose"
+        row["copy_gb_per_s"] = float(np.median([p["copy_gb_per_s"] for p in r.probes if bool(p["threads_lose"]) == lost]))
+    return rows

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import add_min_seconds, machine
+from builtin_models import add_min_seconds, machine, machine_probes, ratio_by_state
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -188,6 +188,9 @@ def main() -> int:
         "machine": (torch.cuda.get_device_name() if device == "cuda" else
                     f"{machine()}, {torch.get_num_threads()} threads"),
         "copy_gb_per_s": bandwidth / 1e9, "rows": []}
+    # On the CPU, the VM's state before each pair (docs/BENCHMARKS.md: a bandwidth-bound side moves with it).
+    square = torch.randn(1024, 1024)
+    probe = (lambda: machine_probes(torch, args.threads, square)) if device == "cpu" else None
     for fmt in formats:
         rt = stage_runtime("llm", built[fmt]["llm.engine"], args.threads)
         runner = rt.runner
@@ -210,8 +213,9 @@ def main() -> int:
                     continue
                 run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape,
                                   static=static.decoder() if static is not None else None)
-                r = paired_ratio(run_eager, run_pkg, pairs=args.pairs, min_seconds=args.min_seconds)
-                out["rows"].append({"format": fmt, "loop": loop, "batch": batch,
+                r = paired_ratio(run_eager, run_pkg, pairs=args.pairs, min_seconds=args.min_seconds, probe=probe)
+                out["rows"].append({**({"by_state": ratio_by_state(r)} if probe else {}),
+                                    "format": fmt, "loop": loop, "batch": batch,
                                     "ms_per_token": 1000 * r.candidate_s / args.tokens,
                                     "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,
                                     "speedup_vs_eager_fp32": r.ratio, "spread": r.spread, "pairs": r.pairs,
@@ -230,6 +234,11 @@ def main() -> int:
               f"({row['spread'][0]:.2f}-{row['spread'][1]:.2f}, {row['pairs']} pairs; eager "
               f"{row['eager_fp32_ms_per_token']:.3f} ms) | {row['floor_ms_per_token']:.3f} ({row['weight_bytes'] / 1e6:.0f}) | "
               f"{row['logit_cosine']:.4f} |")
+    for row in out["rows"]:
+        for state, st in row.get("by_state", {}).items():
+            print(f"  {row['format']} {row['loop']} batch {row['batch']}, {state.replace('_', ' ')} ({st['pairs']} pairs, "
+                  f"copy {st['copy_gb_per_s']:.0f} GB/s): {1000 * st['built_s'] / args.tokens:.2f} ms/token, eager "
+                  f"{1000 * st['reference_s'] / args.tokens:.2f}, {st['speedup']:.2f}x")
     print(f"result: {dest}")
     return 0
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import add_min_seconds, by_state, machine, machine_probes
+from builtin_models import add_min_seconds, machine, machine_probes, ratio_by_state
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -38,15 +38,6 @@ def paired(reference, candidate, pairs: int, min_seconds: float, threads: int):
     a = torch.randn(1024, 1024)
     return paired_ratio(reference, candidate, pairs=pairs, min_seconds=min_seconds,
                         probe=lambda: machine_probes(torch, threads, a))
-
-
-def states(r) -> dict:
-    """The pairs' medians per machine state, with the copy throughput measured in each."""
-    rows = by_state(r.reference_times, r.candidate_times, [p["threads_lose"] for p in r.probes])
-    for name, row in rows.items():
-        lost = name == "threads_lose"
-        row["copy_gb_per_s"] = float(np.median([p["copy_gb_per_s"] for p in r.probes if bool(p["threads_lose"]) == lost]))
-    return rows
 
 
 def main() -> int:
@@ -119,7 +110,7 @@ def main() -> int:
     prompt.embedding = rng.standard_normal(192).astype(np.float32)
     ref_mel = ref_flow.mel(tokens, prompt)
     out["flow"] = {"fp32_engine_ms": 1000 * r.reference_s, "quant_engine_ms": 1000 * r.candidate_s,
-                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "by_state": states(r),
+                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "by_state": ratio_by_state(r),
                    "mel_snr_db_quant_vs_torch": mel_snr_db(ref_mel, q_flow.mel(tokens, prompt)),
                    "mel_snr_db_fp32_engine_vs_torch": mel_snr_db(ref_mel, f_flow.mel(tokens, prompt)),
                    "precision": recipe.typed("flow")["quantize"].format}
@@ -143,7 +134,7 @@ def main() -> int:
     out["llm"] = {"fp32_engine_ms_per_token": 1000 * r.reference_s / args.tokens,
                   "quant_engine_ms_per_token": 1000 * r.candidate_s / args.tokens,
                   "speedup": r.ratio, "speedup_spread": r.spread, "pairs": r.pairs, "tokens_timed": args.tokens,
-                  "by_state": states(r),
+                  "by_state": ratio_by_state(r),
                   "logit_cosine_quant_vs_torch": logit_cosine(ref_logits, q_llm.teacher_forced_logits(text, empty, speech)),
                   "logit_cosine_fp32_engine_vs_torch": logit_cosine(ref_logits,
                                                                     f_llm.teacher_forced_logits(text, empty, speech)),
