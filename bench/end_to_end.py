@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from builtin_models import END_TO_END_CALIBRATION, add_min_seconds, machine
+from builtin_models import BENCH_CALIBRATION, add_min_seconds, machine
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def main() -> int:
     path = art / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "extends": str(recipe), "name": name, "model": args.model,
-        "calibration": END_TO_END_CALIBRATION,
+        "calibration": BENCH_CALIBRATION,
         "validation": {"max_items": 1, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": args.tokens},
                        "speed": {"reference": "same-run", "warmup": 1, "runs": args.pairs, "threads": args.threads,
                                  "min_seconds": args.min_seconds,

@@ -12,14 +12,14 @@ rounds, each round running every part once on each side (the side that goes firs
 - ``hift``: the vocoder on the chunk's first 50 mel frames (25 tokens x 2);
 - and, on the built side only, the flow on one thread (an ONNX Runtime session of its own);
 
-and, once per round, probes of the machine's state: copy throughput of memory and of the caches,
-the time per random read from 64 MiB (many in flight: not one read's latency), and the time of a
-fixed FP32 matmul on one thread and on ``--threads`` (a core's speed, and whether the threads get
-cores of their own). It prints, per part: the built side's median and its spread over the rounds,
+and, once per round, ``builtin_models.machine_probes``: memory copy throughput, a fixed FP32 matmul
+on one thread and on ``--threads`` (a core's speed), and a small parallel op on one thread and on
+``--threads`` (the threads' hand-over; where the threads lose to one thread, the round is in the
+"threads lose" state). It prints, per part: the built side's median and its spread over the rounds,
 the median of per-round ratios, the part's share of the chunk (llm + flow + hift), the share of the
 chunk's round-to-round variance that the part carries, and the correlation of each part's time to
-each probe; then each part's medians in the rounds where the threads won on the small op and in
-those where they lost. Run it twice and compare the parts' medians to see which one moved.
+each probe; then each part's medians in either state. Run it twice and compare the parts' medians
+to see which one moved.
 
 The engines are the ones ``bench/end_to_end.py`` builds (same recipe body, same artifacts dir), so
 after ``make bench`` nothing is rebuilt.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import END_TO_END_CALIBRATION, build_steps, by_state, machine, machine_probes
+from builtin_models import BENCH_CALIBRATION, build_steps, by_state, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -151,7 +151,7 @@ def main() -> int:
     from cosycompile.runtime.pipeline import Pipeline, Sampling
 
     t0 = time.perf_counter()
-    body = {"extends": str(recipe), "model": args.model, "calibration": END_TO_END_CALIBRATION}
+    body = {"extends": str(recipe), "model": args.model, "calibration": BENCH_CALIBRATION}
     dirs = build_steps(body, f"{recipe.stem}-e2e", ["model"] + [f"{s}.engine" for s in STAGES], art)
     build_s = time.perf_counter() - t0
     built = Pipeline(*(stage_runtime(s, dirs[f"{s}.engine"], args.threads) for s in STAGES))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import add_min_seconds, machine, machine_probes, ratio_by_state
+from builtin_models import BENCH_CALIBRATION, add_min_seconds, machine, machine_probes, ratio_by_state
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -68,7 +68,7 @@ def main() -> int:
     recipe_file = tmp / f"{name}.yaml"
     recipe_file.write_text(yaml.safe_dump({
         "extends": str(Path(args.recipe).resolve()), "name": name, "model": args.model,
-        "calibration": {"max_items": 4, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 60}},
+        "calibration": BENCH_CALIBRATION,
         "validation": {"max_items": 1, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 60},
                        "speed": {"threads": args.threads}},
     }))

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from builtin_models import machine
+from builtin_models import BENCH_CALIBRATION, machine
 
 REPO = Path(__file__).resolve().parents[1]
 VALIDATION = ("reference", "llm.check", "flow.check", "hift.check", "pipeline.check")
@@ -53,7 +53,7 @@ def main() -> int:
     art.mkdir(parents=True, exist_ok=True)
     common = {
         "model": "builtin:random-0.5b",
-        "calibration": {"max_items": 4, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 60}},
+        "calibration": BENCH_CALIBRATION,
         "validation": {"max_items": 1, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": args.tokens},
                        "speed": {"reference": "cached", "warmup": 0, "runs": 1, "throughput": []}},
     }
