@@ -143,6 +143,8 @@ def main() -> int:
         ap.error("--rounds must be at least 3 (a spread and a correlation need them)")
     art = Path(args.artifacts)
     recipe = Path(args.recipe).resolve()
+    if not recipe.is_file():
+        ap.error(f"--recipe: no such file: {args.recipe}")
 
     from cosycompile.reference.runners import load_reference, reference_pipeline
     from cosycompile.runtime.dataset import load_dataset
