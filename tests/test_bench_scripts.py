@@ -97,8 +97,11 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     for side in ("reference", "built"):
         t = out["times"][side]
         assert all(len(v) == 3 and min(v) > 0 for v in t.values())
-        # The prefill with one step is a part of the prefill with 28.
-        assert sorted(t["prefill"])[1] < sorted(t["llm"])[1]
+    # The chunk is llm + flow + hift of the same round (not a sum of medians, not a timing comparison:
+    # on builtin:tiny under load, 27 more tiny steps can take less than the noise).
+    b = out["times"]["built"]
+    sums = sorted(b["llm"][i] + b["flow"][i] + b["hift"][i] for i in range(3))
+    assert abs(parts["chunk"]["built_s"] - sums[1]) < 1e-12 and abs(parts["chunk"]["built_max_s"] - sums[2]) < 1e-12
     # The chunk is llm + flow + hift, round by round, so their shares of its variance add up to 1.
     shares = [parts[p]["share_of_chunk_variance"] for p in ("llm", "flow", "hift")]
     assert abs(sum(shares) - 1) < 1e-9
