@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,74 +100,25 @@ def flow_engine(recipe: Path, model: str, artifacts: Path) -> Path:
 
 
 def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
-    """The machine's state now, each the best of three tries (the thread count is put back after;
-    ``a``: a 1024 x 1024 FP32 tensor, made once by the caller):
+    """``cosycompile.validate.machine_state.probe`` (copy throughput of a 256 MiB buffer, the small
+    op on one thread and on ``threads``, ``threads_lose``) plus a fixed FP32 matmul on one thread
+    and on ``threads``, each the best of three (a core's speed, and whether the threads get cores of
+    their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller)."""
+    from cosycompile.validate.machine_state import probe
 
-    - copy throughput of a 256 MiB buffer (memory);
-    - a fixed FP32 matmul on one thread and on ``threads`` (a core's speed, and whether the threads
-      get cores of their own);
-    - a small in-place add (64 Ki floats, large enough for torch to split it) on one thread and on
-      ``threads``: microseconds per op, mostly the threads' hand-over. Where ``threads`` lose to one
-      thread, handing work between the vCPUs costs more than the work (``threads_lose``: 1.0).
-    """
-    def best_of_3(fn: Callable[[], Any], n: int) -> float:
+    def best_of_3(n: int) -> float:
         torch.set_num_threads(n)
         best = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
-            fn()
+            for _ in range(4):
+                torch.mm(a, a)
             best = min(best, time.perf_counter() - t0)
         return best
 
-    def matmuls() -> None:
-        for _ in range(4):
-            torch.mm(a, a)
-
-    small = torch.ones(1 << 16)
-
-    def small_ops() -> None:
-        for _ in range(1000):
-            small.add_(1.0)
-
-    from llm_decode import copy_bytes_per_s  # here: llm_decode imports this module
-
     was = torch.get_num_threads()
     try:
-        out = {"copy_gb_per_s": copy_bytes_per_s(torch, "cpu", mib=256, reps=2) / 1e9,
-               "matmul_1_thread_ms": 1000 * best_of_3(matmuls, 1),
-               f"matmul_{threads}_threads_ms": 1000 * best_of_3(matmuls, threads),
-               "small_op_1_thread_us": 1000 * best_of_3(small_ops, 1),
-               f"small_op_{threads}_threads_us": 1000 * best_of_3(small_ops, threads)}
+        out = {"matmul_1_thread_ms": 1000 * best_of_3(1), f"matmul_{threads}_threads_ms": 1000 * best_of_3(threads)}
     finally:
         torch.set_num_threads(was)
-    # One thread hands nothing over: every pair then counts as the win state.
-    out["threads_lose"] = float(threads > 1 and out[f"small_op_{threads}_threads_us"] > out["small_op_1_thread_us"])
-    return out
-
-
-def by_state(reference_s: Any, candidate_s: Any, lose: Any) -> dict[str, Any]:
-    """Medians of the pairs (or rounds) taken where the threads beat one thread on
-    ``machine_probes``' small op, and of those where they lost: the VM's two states, told apart
-    without a threshold picked by hand (docs/BENCHMARKS.md, "What moves the first chunk")."""
-    import numpy as np
-
-    ref, cand, lost = np.asarray(reference_s), np.asarray(candidate_s), np.asarray(lose, bool)
-    out: dict[str, Any] = {}
-    for state, mask in (("threads_win", ~lost), ("threads_lose", lost)):
-        if mask.any():
-            out[state] = {"pairs": int(mask.sum()), "reference_s": float(np.median(ref[mask])),
-                          "built_s": float(np.median(cand[mask])),
-                          "speedup": float(np.median(ref[mask] / cand[mask]))}
-    return out
-
-
-def ratio_by_state(r: Any) -> dict[str, Any]:
-    """``by_state`` of a ``paired_ratio`` result whose probe was ``machine_probes``, with the copy
-    throughput measured in each state."""
-    import numpy as np
-
-    rows = by_state(r.reference_times, r.candidate_times, [p["threads_lose"] for p in r.probes])
-    for name, row in rows.items():
-        lost = name == "threads_lose"
-        row["copy_gb_per_s"] = float(np.median([p["copy_gb_per_s"] for p in r.probes if bool(p["threads_lose"]) == lost]))
-    return rows
+    return {**probe(threads, copy_mib=256), **out}

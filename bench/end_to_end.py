@@ -2,7 +2,8 @@
 builtin:random-0.5b (the real shapes), against the PyTorch FP32 reference in the same run.
 
 Builds the recipe with ``validation.speed.reference: same-run`` (reference and build timed in
-interleaved pairs, median of per-pair ratios) on one eval item of ``--tokens`` speech tokens, and
+interleaved pairs, median of per-pair ratios; ``machine_state``: each ratio per state of the VM
+too) on one eval item of ``--tokens`` speech tokens, and
 prints the report's speed table with the quality of the same engines next to it. First chunk =
 CosyVoice2's streaming hop: 25 tokens + 3 look-ahead through LLM, flow and HiFT.
 
@@ -69,7 +70,7 @@ def main() -> int:
         "calibration": BENCH_CALIBRATION,
         "validation": {"max_items": 1, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": args.tokens},
                        "speed": {"reference": "same-run", "warmup": 1, "runs": args.pairs, "threads": args.threads,
-                                 "min_seconds": args.min_seconds,
+                                 "min_seconds": args.min_seconds, "machine_state": True,
                                  "throughput": []}},
     }))
     remeasure(path, art)
@@ -100,6 +101,17 @@ def main() -> int:
         if r:
             print(f"| {w} | {r['reference_s']:.2f} | {r['built_s']:.2f} | {r['speedup']:.2f}x | "
                   f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f} | {r.get('pairs', '')} |")
+    print("By the machine's state before each pair (threads win or lose to one thread on a small parallel op):")
+    print("| workload | state | pairs | reference s | built s | speed-up | copy GB/s |")
+    print("|---|---|---|---|---|---|---|")
+    for w in ("llm", "flow", "hift", "end_to_end", "first_chunk"):
+        for state, st in speed.get(w, {}).get("by_state", {}).items():
+            print(f"| {w} | {state.replace('_', ' ')} | {st['pairs']} | {st['reference_s']:.2f} | {st['built_s']:.2f} | "
+                  f"{st['speedup']:.2f}x | {st['copy_gb_per_s']:.0f} |")
+    for s in ("llm", "flow", "hift"):
+        for state, st in checks.get(s, {}).get("metrics", {}).get("speedup_vs_fp32_by_state", {}).items():
+            print(f"| {s} stage check vs its FP32 engine | {state.replace('_', ' ')} | {st['pairs']} | "
+                  f"{st['reference_s']:.3f} | {st['built_s']:.3f} | {st['speedup']:.2f}x | {st['copy_gb_per_s']:.0f} |")
     e2e = speed.get("end_to_end", {})
     print(f"RTF reference {e2e.get('rtf_reference', float('nan')):.2f}, built {e2e.get('rtf_built', float('nan')):.2f}; "
           f"first chunk built {1000 * speed.get('first_chunk', {}).get('built_s', float('nan')):.0f} ms; "

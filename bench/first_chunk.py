@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import BENCH_CALIBRATION, build_steps, by_state, machine, machine_probes
+from builtin_models import BENCH_CALIBRATION, build_steps, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -98,6 +98,8 @@ def summarize(times: dict[str, dict[str, list[float]]], probes: dict[str, list[f
     """Per part: both sides' medians, the built side's spread, the median of per-round ratios, the
     part's share of the built chunk, its share of the chunk's variance and the correlation of its time
     to each machine probe."""
+    from cosycompile.validate.machine_state import by_state
+
     ref, built = times["reference"], times["built"]
     chunk = np.sum([built[p] for p in STAGES], axis=0)
     ref_chunk = np.sum([ref[p] for p in STAGES], axis=0)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
-from builtin_models import add_min_seconds, machine, machine_probes, ratio_by_state
+from builtin_models import add_min_seconds, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -142,6 +142,7 @@ def main() -> int:
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Prompt
     from cosycompile.stages import get_stage
+    from cosycompile.validate.machine_state import ratio_by_state
     from cosycompile.validate.metrics import logit_cosine
     from cosycompile.validate.speed import paired_ratio
 

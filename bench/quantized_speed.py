@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import BENCH_CALIBRATION, add_min_seconds, machine, machine_probes, ratio_by_state
+from builtin_models import BENCH_CALIBRATION, add_min_seconds, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -60,6 +60,7 @@ def main() -> int:
     from cosycompile.core.graph import Executor, Reporter, StateFile
     from cosycompile.recipe.schema import load_recipe
     from cosycompile.validate.metrics import logit_cosine, mel_snr_db
+    from cosycompile.validate.machine_state import ratio_by_state
 
     base = load_recipe(args.recipe)
     tmp = Path(args.artifacts) / "bench"

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builtin_models import add_min_seconds, machine
+from builtin_models import add_min_seconds, machine, machine_probes
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -87,8 +87,14 @@ def main() -> int:
     from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Prompt
+    from cosycompile.validate.machine_state import ratio_by_state
     from cosycompile.validate.metrics import mel_snr_db, waveform_snr_db
     from cosycompile.validate.speed import paired_ratio
+
+    square = torch.randn(1024, 1024)
+
+    def probe() -> dict:
+        return machine_probes(torch, args.threads, square)
 
     models = load_reference(ort_e["model"], ("flow", "hift"), args.threads)
     rng = np.random.default_rng(0)
@@ -118,9 +124,9 @@ def main() -> int:
     base = flows["onnxruntime fp32"]
     for name, rt in flows.items():
         r = paired_ratio(lambda: base.estimator_call(*feeds), lambda: rt.estimator_call(*feeds), pairs=args.pairs,
-                         min_seconds=args.min_seconds)
+                         min_seconds=args.min_seconds, probe=probe)
         out["flow"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
-                             "spread": r.spread, "pairs": r.pairs,
+                             "spread": r.spread, "pairs": r.pairs, "by_state": ratio_by_state(r),
                              "gflops": out["estimator_gflop"] / r.candidate_s,
                              "mel_snr_db_after_cfm": mel_snr_db(ref_mel, rt.mel(tokens, prompt))}
     mel = ref_mel.astype(np.float32)
@@ -130,9 +136,9 @@ def main() -> int:
     hbase = hifts["onnxruntime fp32"]
     for name, rt in hifts.items():
         r = paired_ratio(lambda: hbase.wav(mel, seed=0), lambda: rt.wav(mel, seed=0), pairs=args.pairs,
-                         min_seconds=args.min_seconds)
+                         min_seconds=args.min_seconds, probe=probe)
         out["hift"][name] = {"ms": 1000 * r.candidate_s, "ort_fp32_ms": 1000 * r.reference_s, "speedup": r.ratio,
-                             "spread": r.spread, "pairs": r.pairs,
+                             "spread": r.spread, "pairs": r.pairs, "by_state": ratio_by_state(r),
                              "waveform_snr_db": waveform_snr_db(ref_wav, rt.wav(mel, seed=0))}
     dest = art / "bench" / "torch_backend.json"
     dest.write_text(json.dumps(out, indent=1, default=float))
@@ -148,6 +154,14 @@ def main() -> int:
     for name, h in out["hift"].items():
         print(f"| HiFT | {name} | {h['ms']:.0f} | {h['speedup']:.2f}x ({h['spread'][0]:.2f}-{h['spread'][1]:.2f}, "
               f"{h['pairs']} pairs) | waveform SNR {h['waveform_snr_db']:.1f} dB |")
+    print("\nBy the machine's state before each pair (threads win or lose to one thread on a small parallel op):")
+    print("| stage | engine | state | pairs | ONNX Runtime FP32 ms | engine ms | speed-up | copy GB/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for stage, rows in (("flow estimator", out["flow"]), ("HiFT", out["hift"])):
+        for name, row in rows.items():
+            for state, st in row["by_state"].items():
+                print(f"| {stage} | {name} | {state.replace('_', ' ')} | {st['pairs']} | {1000 * st['reference_s']:.0f} | "
+                      f"{1000 * st['built_s']:.0f} | {st['speedup']:.2f}x | {st['copy_gb_per_s']:.0f} |")
     print(f"result: {dest}")
     return 0
 

@@ -196,7 +196,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             code=(binfo.package, binfo.ref("load").split(":")[0]),
             params={"threads": threads, "sampling": sampling, "max_items": v.max_items, "backend": binfo.name,
                     "precision": qspec.format, "pairs": v.speed.runs, "warmup": v.speed.warmup,
-                    "min_seconds": v.speed.min_seconds},
+                    "min_seconds": v.speed.min_seconds, "machine_state": v.speed.machine_state},
             spec=typed["check"], deps={"engine": engine, "reference": reference},
             tools=TORCH_TOOLS + binfo.tools, target=target.name,
             describe=f"compare the {name} engine with the PyTorch FP32 reference",

@@ -47,6 +47,20 @@ def test_a_ratio_off_by_more_than_ten_percent_fails(tmp_path: Path) -> None:
     assert "| 12.5 % | OVER |" in res.stdout and "1 differ by more than 10 %" in res.stdout
 
 
+def test_per_state_ratios_are_counted_apart(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0)], 0.236)
+    b = _run(tmp_path / "b", 3.90, [("int8", 1, 4.0)], 0.236)
+    for folder, win in ((a, 3.6), (b, 3.7)):
+        f = folder / "end_to_end-cpu-fast.json"
+        body = json.loads(f.read_text())
+        body["speed"]["end_to_end"]["by_state"] = {"threads_win": {"pairs": 3, "speedup": win}}
+        f.write_text(json.dumps(body))
+    res = _compare(a, b)
+    assert res.returncode == 1  # the overall median still moved 13 %
+    assert "speed.end_to_end.by_state.threads_win.speedup | 3.60x | 3.70x | 2.8 % | ok |" in res.stdout
+    assert "overall: 4 in both, 1 over" in res.stdout and "per machine state: 1 in both, 0 over" in res.stdout
+
+
 def test_missing_run_folder_is_a_one_line_error(tmp_path: Path) -> None:
     res = _compare(tmp_path / "nope", tmp_path / "nope2")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "is not a folder" in res.stderr

@@ -61,6 +61,9 @@ class SpeedSpec(_Strict):
     runs: int = Field(3, ge=1, description="timed runs per side (interleaved pairs with reference: same-run)")
     min_seconds: float = Field(0.0, ge=0, description="keep timing pairs past `runs` until this many seconds have "
                                                       "passed, so one slow spell of a shared machine cannot set a ratio")
+    machine_state: bool = Field(False, description="probe before each pair whether the threads beat one thread on a "
+                                                   "small op, and give each ratio per state too (small VMs switch "
+                                                   "between two states that move ratios; docs/BENCHMARKS.md)")
     threads: int = Field(2, ge=1, description="intra-op threads for both reference and engines")
     reference: Literal["same-run", "cached"] = Field(
         "same-run", description="same-run: reference and build timed in interleaved pairs in this run; cached: the "

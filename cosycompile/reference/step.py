@@ -26,7 +26,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.stages import stage_infos
-    from cosycompile.stages.check_tools import eval_inputs
+    from cosycompile.stages.eval_set import eval_inputs
     from cosycompile.stages.common import model_dir
 
     p = ctx.params

@@ -1,5 +1,5 @@
-"""Plumbing shared by the stage plug-ins' checks: the eval inputs, the cached reference, the engine
-runtimes, the speed ratio against the FP32 engine and the check's output file.
+"""Plumbing shared by the stage plug-ins' checks: the cached reference, the engine runtimes, the
+speed ratio against the FP32 engine and the check's output file.
 
 Kept apart from common (the exports' plumbing): a step's cache key covers every module its code
 can import, and a change to how checks time engines must not rebuild every export.
@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from cosycompile.core.graph import StepContext
-from cosycompile.stages.common import model_dir
 
 
 def write_check(ctx: StepContext, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -22,16 +21,6 @@ def write_check(ctx: StepContext, metrics: dict[str, Any]) -> dict[str, Any]:
     body = {"stage": ctx.name.split(".")[0], "metrics": metrics, "workload": workload}
     (ctx.out / "check.json").write_text(json.dumps(body, indent=1, sort_keys=True, default=float))
     return {"metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
-
-
-def eval_inputs(ctx: StepContext) -> list[tuple[np.ndarray, Any]]:
-    """(text ids, prompt) of the eval items the checks use: the same head of the set as the reference."""
-    from cosycompile.runtime.dataset import load_dataset
-    from cosycompile.runtime.frontend import Frontend
-
-    frontend = Frontend(model_dir(ctx))
-    items = load_dataset(ctx.file_roots["eval"]).head(ctx.params["max_items"])
-    return [frontend.item_inputs(i) for i in items]
 
 
 def reference_arrays(ctx: StepContext, stage: str) -> dict[str, np.ndarray]:
@@ -48,15 +37,23 @@ def engine_runtime(ctx: StepContext, stage: str, which: str = "engine") -> Any:
     return stage_runtime(stage, ctx.inputs[which], ctx.params["threads"], share=which == "engine")
 
 
-def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> dict[str, float]:
+def speed_vs_fp32(ctx: StepContext, stage: str, engine: Any, workload: Any) -> dict[str, Any]:
     """Speed of a quantized engine against the FP32 engine of the same backend: interleaved pairs,
-    median of per-pair ratios (sequential medians on a shared machine do not measure a ratio)."""
+    median of per-pair ratios (sequential medians on a shared machine do not measure a ratio); with
+    the recipe's ``validation.speed.machine_state``, also per state of the machine."""
     if "fp32_engine" not in ctx.inputs:
         return {}
+    from cosycompile.validate.machine_state import probe, ratio_by_state
     from cosycompile.validate.speed import paired_ratio
 
     fp32 = engine_runtime(ctx, stage, "fp32_engine")
+    threads = ctx.params["threads"]
+    by_state = ctx.params.get("machine_state", False)
     r = paired_ratio(lambda: workload(fp32), lambda: workload(engine), pairs=ctx.params.get("pairs", 5),
-                     warmup=ctx.params.get("warmup", 1), min_seconds=ctx.params.get("min_seconds", 0.0))
-    return {"fp32_engine_ms": 1000 * r.reference_s, "engine_ms": 1000 * r.candidate_s, "speedup_vs_fp32": r.ratio,
-            "speedup_spread": r.spread, "speed_pairs": r.pairs}
+                     warmup=ctx.params.get("warmup", 1), min_seconds=ctx.params.get("min_seconds", 0.0),
+                     probe=(lambda: probe(threads)) if by_state else None)
+    out: dict[str, Any] = {"fp32_engine_ms": 1000 * r.reference_s, "engine_ms": 1000 * r.candidate_s,
+                           "speedup_vs_fp32": r.ratio, "speedup_spread": r.spread, "speed_pairs": r.pairs}
+    if by_state:
+        out["speedup_vs_fp32_by_state"] = ratio_by_state(r)
+    return out

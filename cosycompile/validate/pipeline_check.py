@@ -25,7 +25,7 @@ PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slo
 def run(ctx: StepContext) -> dict[str, Any]:
     """The ``pipeline.check`` step."""
     from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.stages.check_tools import eval_inputs
+    from cosycompile.stages.eval_set import eval_inputs
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.validate import metrics as M
     from cosycompile.validate.gate import check_thresholds
@@ -120,6 +120,7 @@ def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, firs
            spec: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     """Per-stage, end-to-end and first-chunk latency of the build against the reference."""
     from cosycompile.reference.step import workloads
+    from cosycompile.validate.machine_state import probe, ratio_by_state
     from cosycompile.validate.speed import paired_ratio, timed
 
     w = workloads(built, first, sampling, *first_out)
@@ -143,9 +144,12 @@ def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, firs
         if mode == "same-run":
             assert ref is not None
             r = paired_ratio(lambda: fn(ref), lambda: fn(built), pairs=spec["runs"], warmup=spec["warmup"],
-                             min_seconds=spec.get("min_seconds", 0.0))
+                             min_seconds=spec.get("min_seconds", 0.0),
+                             probe=(lambda: probe(spec["threads"])) if spec.get("machine_state") else None)
             out[name] = {"reference_s": r.reference_s, "built_s": r.candidate_s, "speedup": r.ratio,
                          "spread": list(r.spread), "pairs": r.pairs}
+            if r.probes:
+                out[name]["by_state"] = ratio_by_state(r)
         else:
             b = timed(lambda: fn(built), spec["warmup"], spec["runs"])[0]
             out[name] = {"reference_s": cached[name], "built_s": b, "speedup": cached[name] / b if b else 0.0,

@@ -34,6 +34,16 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
+_STATE_NOTE = ("Rows marked \"threads win\" / \"threads lose\" hold only the pairs just before which the "
+               "intra-op threads beat, or lost to, one thread on a small op (validation.speed.machine_state): "
+               "small VMs switch between these states and each state's ratio reproduces where the overall "
+               "median may not.")
+
+
+def _state(name: str) -> str:
+    return name.replace("_", " ")
+
+
 def render_markdown(report: dict[str, Any], title: str = "") -> str:
     """The report as Markdown: verdict, per-stage checks, end-to-end quality, speed."""
     checks = report.get("checks", {})
@@ -56,17 +66,26 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     rows = []
     for s, c in checks.items():
         for k, v in sorted(c.get("metrics", {}).items()):
-            if isinstance(v, dict):
-                continue
-            rows.append([s, k, v])
+            if k.endswith("_by_state") and isinstance(v, dict):
+                rows += [[s, f"{k[:-len('_by_state')]}, {_state(state)} ({st['pairs']} pairs)", st["speedup"]]
+                         for state, st in v.items()]
+            elif not isinstance(v, dict):
+                rows.append([s, k, v])
     lines += _table(["stage", "metric", "value"], rows) + [""]
     speed = report.get("speed", {})
     if speed:
         lines += [f"## Speed (same run, {report.get('threads', '?')} threads, median of {speed.get('runs')} "
                   f"after {speed.get('warmup')} warm-up; first eval item, {speed.get('audio_seconds', 0):.2f} s audio)", ""]
-        srows = [[k, v["reference_s"] * 1000, v["built_s"] * 1000, v["speedup"]]
-                 for k, v in speed.items() if isinstance(v, dict) and "reference_s" in v]
-        lines += _table(["part", "reference ms", "built ms", "speed-up (x)"], srows)
+        srows = []
+        for k, v in speed.items():
+            if isinstance(v, dict) and "reference_s" in v:
+                srows.append([k, v["reference_s"] * 1000, v["built_s"] * 1000, v["speedup"], v.get("pairs")])
+                srows += [[f"{k}, {_state(state)}", st["reference_s"] * 1000, st["built_s"] * 1000, st["speedup"],
+                           st["pairs"]] for state, st in v.get("by_state", {}).items()]
+        lines += _table(["part", "reference ms", "built ms", "speed-up (x)", "pairs"], srows)
+        if any(isinstance(v, dict) and v.get("by_state") for v in speed.values()) or any(
+                k.endswith("_by_state") for c in checks.values() for k in c.get("metrics", {})):
+            lines += ["", _STATE_NOTE]
         if "host" in speed:
             # Absolute times and RTF depend on the CPU far more than on its label (1.14 to 1.82 for
             # one recipe across three 2-vCPU "EPYC"/"Xeon" VMs), so the report names it.

@@ -17,7 +17,7 @@ def _recipe(tmp: Path, quantize: dict, backend: str = "onnxruntime") -> Path:
         "stages": {"llm": {"enabled": False}, "hift": {"enabled": False},
                    "flow": {"quantize": quantize, "engine": {"backend": backend}}},
         "validation": {"eval_set": str(EVAL_SET), "max_items": 1,
-                       "speed": {"warmup": 0, "runs": 1, "throughput": []},
+                       "speed": {"warmup": 0, "runs": 2, "throughput": [], "machine_state": True},
                        "gate": {"min": {"flow.mel_snr_db": 20.0}}},
     }, base=False)
 
@@ -47,6 +47,13 @@ def test_dynamic_int8_flow_builds_and_holds_quality(dynamic_build: dict) -> None
     flow = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
     assert flow["cfm_mel_snr_db_min"] >= 20.0, flow  # the tiny model's mel after the 10-step CFM vs FP32
     assert flow["speedup_vs_fp32"] > 0
+    # validation.speed.machine_state: every ratio split by the probe taken before each of its pairs.
+    speed = json.loads((bundle / "report.json").read_text())["speed"]
+    for part in ("flow", "end_to_end", "first_chunk"):
+        split = speed[part]["by_state"]
+        assert set(split) <= {"threads_win", "threads_lose"} and sum(s["pairs"] for s in split.values()) == 2
+    md = (bundle / "report.md").read_text()
+    assert "flow, threads" in md and "validation.speed.machine_state" in md
 
 
 @pytest.mark.parametrize("quantize,backend,expected", [

@@ -28,7 +28,8 @@ def reference(runtime: Any, items: list[tuple[np.ndarray, Any]], spec: dict[str,
 
 def check(ctx: StepContext) -> dict[str, Any]:
     """The ``llm.check`` step."""
-    from cosycompile.stages.check_tools import engine_runtime, eval_inputs, reference_arrays, speed_vs_fp32, write_check
+    from cosycompile.stages.check_tools import engine_runtime, reference_arrays, speed_vs_fp32, write_check
+    from cosycompile.stages.eval_set import eval_inputs
     from cosycompile.validate.metrics import kl_divergence, logit_cosine, top1_agreement
 
     eng = engine_runtime(ctx, "llm")
