@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -104,17 +103,11 @@ def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
     op on one thread and on ``threads``, ``threads_lose``) plus a fixed FP32 matmul on one thread
     and on ``threads``, each the best of three (a core's speed, and whether the threads get cores of
     their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller)."""
-    from cosycompile.validate.machine_state import probe
+    from cosycompile.validate.machine_state import best_of, probe
 
     def best_of_3(n: int) -> float:
         torch.set_num_threads(n)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(4):
-                torch.mm(a, a)
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return best_of(lambda: [torch.mm(a, a) for _ in range(4)])
 
     was = torch.get_num_threads()
     try:

@@ -19,7 +19,8 @@ import numpy as np
 STATES = ("threads_win", "threads_lose")
 
 
-def _best_of(fn: Callable[[], Any], tries: int = 3) -> float:
+def best_of(fn: Callable[[], Any], tries: int = 3) -> float:
+    """Fewest wall seconds of ``tries`` calls of ``fn`` (a probe wants the machine's capacity, not its noise)."""
     best = float("inf")
     for _ in range(tries):
         t0 = time.perf_counter()
@@ -35,7 +36,7 @@ def copy_gb_per_s(mib: int = 64, tries: int = 3) -> float:
     x = torch.ones(mib << 18, dtype=torch.float32)
     y = torch.empty_like(x)
     y.copy_(x)  # the first touch of y's pages is not the copy's cost
-    return 2 * x.numel() * 4 / _best_of(lambda: y.copy_(x), tries) / 1e9
+    return 2 * x.numel() * 4 / best_of(lambda: y.copy_(x), tries) / 1e9
 
 
 def small_op_us(threads: int, ops: int = 1000) -> float:
@@ -52,7 +53,7 @@ def small_op_us(threads: int, ops: int = 1000) -> float:
     was = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return 1e6 * _best_of(run) / ops
+        return 1e6 * best_of(run) / ops
     finally:
         torch.set_num_threads(was)
 
