@@ -101,7 +101,8 @@ def main() -> int:
         if r:
             print(f"| {w} | {r['reference_s']:.2f} | {r['built_s']:.2f} | {r['speedup']:.2f}x | "
                   f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f} | {r.get('pairs', '')} |")
-    print("By the machine's state before each pair (threads win or lose to one thread on a small parallel op):")
+    print("By the machine's state around each pair's runs (threads win or lose to one thread on a small parallel op; "
+          "state changed: the probes around the pair disagreed):")
     print("| workload | state | pairs | reference s | built s | speed-up | copy GB/s |")
     print("|---|---|---|---|---|---|---|")
     for w in ("llm", "flow", "hift", "end_to_end", "first_chunk"):

@@ -65,14 +65,20 @@ def run_rounds(sides: dict[str, dict[str, Callable[[], Any]]], rounds: int, min_
                extras: dict[str, Callable[[], Any]] | None = None,
                max_rounds: int = 200) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]]]:
     """Seconds of every part of every side, one entry per round, and the machine probes of each round
-    (with ``extras``, each timed once a round, in ms, as ``<name>_ms``). Rounds go on past ``rounds``
+    (with ``extras``, each timed once a round, in ms, as ``<name>_ms``), and under
+    ``threads_lose_around_sides`` the state before each side and after the last round. Rounds go on past ``rounds``
     until ``min_seconds`` have passed (as ``paired_ratio``'s window: a spell shorter than the window
     is outvoted)."""
     import torch
 
     names = list(sides)
     times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PARTS} for s in names}
+    from cosycompile.validate.machine_state import probe
+
     probes: dict[str, list[float]] = {}
+    # The state before each side's parts and after the last round (machine_state.pair_states): a
+    # round lasts seconds, about as long as the VM's spells, so the probe at its start alone misfiles.
+    around: list[float] = []
     a = torch.randn(1024, 1024)
     extras = extras or {}
     for fn in [f for side in names for f in sides[side].values()] + list(extras.values()):
@@ -86,11 +92,14 @@ def run_rounds(sides: dict[str, dict[str, Callable[[], Any]]], rounds: int, min_
             fn()
             probes.setdefault(f"{name}_ms", []).append(1000 * (time.perf_counter() - t0))
         for side in (names if i % 2 == 0 else names[::-1]):
+            around.append(probe(threads)["threads_lose"])
             for part, fn in sides[side].items():
                 t0 = time.perf_counter()
                 fn()
                 times[side][part].append(time.perf_counter() - t0)
         i += 1
+    around.append(probe(threads)["threads_lose"])
+    probes["threads_lose_around_sides"] = around
     return times, probes
 
 
@@ -104,6 +113,7 @@ def summarize(times: dict[str, dict[str, list[float]]], probes: dict[str, list[f
     chunk = np.sum([built[p] for p in STAGES], axis=0)
     ref_chunk = np.sum([ref[p] for p in STAGES], axis=0)
     var = float(np.var(chunk))
+    per_round = {k: v for k, v in probes.items() if not k.startswith("threads_lose")}
 
     def corr(x: np.ndarray, y: list[float]) -> float | None:
         return float(np.corrcoef(x, y)[0, 1]) if len(x) > 2 and np.std(x) > 0 and np.std(y) > 0 else None
@@ -121,9 +131,9 @@ def summarize(times: dict[str, dict[str, list[float]]], probes: dict[str, list[f
             # cov(part, chunk) / var(chunk): the parts' shares add up to 1 (prefill is inside llm).
             "share_of_chunk_variance": (float(np.cov(b, chunk, bias=True)[0, 1] / var)
                                         if var > 0 and part != "prefill" else None),
-            "corr_built": {k: corr(b, v) for k, v in probes.items() if k != "threads_lose"},
-            "corr_reference": {k: corr(r, v) for k, v in probes.items() if k != "threads_lose"},
-            "by_state": by_state(r, b, probes["threads_lose"]),
+            "corr_built": {k: corr(b, v) for k, v in per_round.items()},
+            "corr_reference": {k: corr(r, v) for k, v in per_round.items()},
+            "by_state": by_state(r, b, probes["threads_lose_around_sides"]),
         }
     return rows
 
@@ -187,10 +197,11 @@ def main() -> int:
     lose = int(sum(probes["threads_lose"]))
     print(f"rounds where {args.threads} threads lose to one on the small op: {lose} of {out['rounds']}")
     print("probes per round (median, min-max): " + "; ".join(
-        f"{k} {np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for k, v in probes.items() if k != "threads_lose"))
+        f"{k} {np.median(v):.1f} ({min(v):.1f}-{max(v):.1f})" for k, v in probes.items()
+        if not k.startswith("threads_lose")))
     print("| part | reference ms | built ms (min-max) | speed-up (median of rounds) | spread | share of chunk | "
           "share of its variance | built time's corr. with "
-          + " / ".join(k for k in probes if k != "threads_lose") + " | reference's |")
+          + " / ".join(k for k in probes if not k.startswith("threads_lose")) + " | reference's |")
     print("|---|---|---|---|---|---|---|---|---|")
 
     def pct(x: float | None) -> str:
@@ -204,13 +215,14 @@ def main() -> int:
               f"({1000 * r['built_min_s']:.0f}-{1000 * r['built_max_s']:.0f}) | {r['speedup']:.2f}x | "
               f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f} | {pct(r['share_of_chunk'])} | "
               f"{pct(r['share_of_chunk_variance'])} | {corrs(r['corr_built'])} | {corrs(r['corr_reference'])} |")
-    print("\nBy the machine's state (medians of the rounds in each):")
+    print("\nBy the machine's state (medians of the rounds whose probes before each side and after agree; "
+          "state changed: the rest):")
     print("| part | threads win: reference ms | built ms | speed-up | rounds | threads lose: reference ms | built ms | "
-          "speed-up | rounds |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "speed-up | rounds | state changed: reference ms | built ms | speed-up | rounds |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for part, r in rows.items():
         cells = []
-        for state in ("threads_win", "threads_lose"):
+        for state in ("threads_win", "threads_lose", "state_changed"):
             st = r["by_state"].get(state)
             cells.append(f"{1000 * st['reference_s']:.0f} | {1000 * st['built_s']:.0f} | {st['speedup']:.2f}x | "
                          f"{st['pairs']}" if st else "- | - | - | 0")

@@ -61,6 +61,22 @@ def test_per_state_ratios_are_counted_apart(tmp_path: Path) -> None:
     assert "overall: 4 in both, 1 over" in res.stdout and "per machine state: 1 in both, 0 over" in res.stdout
 
 
+def test_pairs_that_straddled_a_switch_are_shown_but_not_judged(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0)], 0.236)
+    b = _run(tmp_path / "b", 3.44, [("int8", 1, 4.0)], 0.236)
+    for folder, changed in ((a, 3.0), (b, 4.0)):
+        f = folder / "end_to_end-cpu-fast.json"
+        body = json.loads(f.read_text())
+        body["speed"]["end_to_end"]["by_state"] = {"threads_win": {"pairs": 2, "speedup": 3.5},
+                                                   "state_changed": {"pairs": 1, "speedup": changed}}
+        f.write_text(json.dumps(body))
+    res = _compare(a, b)
+    assert "by_state.state_changed.speedup | 3.00x | 4.00x | 33.3 % | OVER |" in res.stdout
+    assert "pairs that straddled a switch: 1 in both, 1 over" in res.stdout
+    assert "per machine state: 1 in both, 0 over" in res.stdout
+    assert res.returncode == 0
+
+
 def test_missing_run_folder_is_a_one_line_error(tmp_path: Path) -> None:
     res = _compare(tmp_path / "nope", tmp_path / "nope2")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "is not a folder" in res.stderr

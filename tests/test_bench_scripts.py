@@ -83,10 +83,11 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     assert out["rounds"] == 3 and out["chunk_tokens"] == 28
     probes = out["probes"]
     assert set(probes) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms", "small_op_1_thread_us",
-                           "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms"}
-    assert all(len(v) == 3 and min(v) > 0 for k, v in probes.items() if k != "threads_lose")
-    # The state of a round is whether two threads lost to one on the small op, and the rounds of the
-    # two states are all the rounds.
+                           "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms", "threads_lose_around_sides"}
+    assert all(len(v) == 3 and min(v) > 0 for k, v in probes.items() if not k.startswith("threads_lose"))
+    assert len(probes["threads_lose_around_sides"]) == 2 * 3 + 1  # before each side, and after the last round
+    # The state of a round is whether two threads lost to one on the small op; the rounds of the two
+    # states and those that straddled a switch are all the rounds.
     lose = [a > b for a, b in zip(probes["small_op_2_threads_us"], probes["small_op_1_thread_us"])]
     assert probes["threads_lose"] == [float(x) for x in lose]
     assert sum(s["pairs"] for s in out["parts"]["flow"]["by_state"].values()) == 3
@@ -107,3 +108,27 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     assert abs(sum(shares) - 1) < 1e-9
     assert parts["chunk"]["built_s"] > max(parts[p]["built_s"] for p in ("llm", "flow", "hift"))
     assert "| flow |" in res.stdout
+
+
+def test_machine_timeline_probes_for_a_while_and_measures_spells(tmp_path: Path) -> None:
+    res = _bench("machine_timeline.py", "--minutes", "0.05", "--interval", "0.2", "--results", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "machine_timeline.json").read_text())
+    samples, summary = out["samples"], out["summary"]
+    assert summary["probes"] == len(samples) >= 3
+    assert [s["t"] for s in samples] == sorted(s["t"] for s in samples) and samples[-1]["t"] < 3 + 5
+    # Every probe falls in one state, and the spells of both states cover the whole span.
+    shares = [summary[s]["share"] for s in ("threads_win", "threads_lose") if s in summary]
+    assert abs(sum(shares) - 1.0) < 1e-9
+    assert "probes over" in res.stdout and "| threads_" in res.stdout
+
+
+def test_machine_timeline_spells_are_runs_of_one_state() -> None:
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from machine_timeline import spells
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    # win from 0 to 2 (next spell's first probe), lose 2 to 5, win 5 to its own last probe at 6.
+    assert spells([0, 1, 2, 3, 5, 6], [0, 0, 1, 1, 0, 0]) == {"threads_win": [2, 1], "threads_lose": [3]}
+    assert spells([0, 1], [1, 1]) == {"threads_win": [], "threads_lose": [1]}

@@ -5,18 +5,23 @@ where handing work between the vCPUs costs more than the work (docs/BENCHMARKS.m
 the first chunk"). Sync-bound engines (the flow's thousands of small ops) slow down in the second
 state and bandwidth-bound ones (an FP32 LLM step) speed up, so a ratio with one side of each kind
 moves with the share of pairs that fell in each state, while each state's own ratio reproduces.
-A probe before each pair, cheap enough to sit beside every timed pair, tells the states apart
-without a threshold picked by hand: do ``threads`` threads lose to one on a small op?
+A probe around each timed run, cheap enough to sit beside every one, tells the states apart
+without a threshold picked by hand: do ``threads`` threads lose to one on a small op? The host
+switches state within seconds (bench/machine_timeline.py), so a pair counts for a state only
+when the probes before, between and after its two runs agree.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import numpy as np
 
 STATES = ("threads_win", "threads_lose")
+# A pair whose probes disagree: it ran partly in each state, and its ratio belongs to neither.
+CHANGED = "state_changed"
 
 
 def best_of(fn: Callable[[], Any], tries: int = 3) -> float:
@@ -68,12 +73,30 @@ def probe(threads: int, copy_mib: int = 64) -> dict[str, float]:
     return out
 
 
-def by_state(reference_s: Any, candidate_s: Any, lose: Any) -> dict[str, Any]:
-    """Per state that occurred: pairs, median reference and candidate seconds, and the median of
-    per-pair ratios (reference / candidate). ``lose``: each pair's ``threads_lose``."""
-    ref, cand, lost = np.asarray(reference_s, float), np.asarray(candidate_s, float), np.asarray(lose, bool)
+def pair_states(lose: Sequence[Any], pairs: int) -> list[str]:
+    """Each pair's state from the probes around it: ``lose`` holds ``threads_lose`` of ``k * pairs + 1``
+    probes, ``k`` before each pair's runs and one after the last (pair i sits between probes k*i and
+    k*i + k). A pair whose probes all agree gets that state; one whose probes disagree straddled a
+    switch and gets ``CHANGED`` (the VM's spells last seconds, so a long pair often does)."""
+    if pairs < 1 or (len(lose) - 1) % pairs or len(lose) < pairs + 1:
+        raise ValueError(f"{len(lose)} probes do not bracket {pairs} pairs (want k * pairs + 1)")
+    k = (len(lose) - 1) // pairs
+    out = []
+    for i in range(pairs):
+        seen = {bool(x) for x in lose[k * i: k * i + k + 1]}
+        out.append(CHANGED if len(seen) > 1 else STATES[int(seen.pop())])
+    return out
+
+
+def by_state(reference_s: Any, candidate_s: Any, lose: Sequence[Any]) -> dict[str, Any]:
+    """Per state that occurred (and ``CHANGED`` for pairs that straddled a switch): pairs, median
+    reference and candidate seconds, and the median of per-pair ratios (reference / candidate).
+    ``lose``: ``threads_lose`` of the probes around the pairs (``pair_states``)."""
+    ref, cand = np.asarray(reference_s, float), np.asarray(candidate_s, float)
+    states = np.asarray(pair_states(lose, len(ref)))
     out: dict[str, Any] = {}
-    for state, mask in zip(STATES, (~lost, lost)):
+    for state in (*STATES, CHANGED):
+        mask = states == state
         if mask.any():
             out[state] = {"pairs": int(mask.sum()), "reference_s": float(np.median(ref[mask])),
                           "built_s": float(np.median(cand[mask])),
@@ -83,9 +106,12 @@ def by_state(reference_s: Any, candidate_s: Any, lose: Any) -> dict[str, Any]:
 
 def ratio_by_state(r: Any) -> dict[str, Any]:
     """``by_state`` of a ``paired_ratio`` result whose probe returned ``probe``'s keys, with the
-    median copy throughput of each state's pairs."""
-    rows = by_state(r.reference_times, r.candidate_times, [p["threads_lose"] for p in r.probes])
+    median copy throughput of the probes around each state's pairs."""
+    lose = [p["threads_lose"] for p in r.probes]
+    rows = by_state(r.reference_times, r.candidate_times, lose)
+    states = pair_states(lose, r.pairs)
+    k = (len(lose) - 1) // r.pairs
     for name, row in rows.items():
-        lost = name == "threads_lose"
-        row["copy_gb_per_s"] = float(np.median([p["copy_gb_per_s"] for p in r.probes if bool(p["threads_lose"]) == lost]))
+        copy = [p["copy_gb_per_s"] for i, s in enumerate(states) if s == name for p in r.probes[k * i: k * i + k + 1]]
+        row["copy_gb_per_s"] = float(np.median(copy))
     return rows

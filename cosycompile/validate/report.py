@@ -34,14 +34,15 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return out
 
 
-_STATE_NOTE = ("Rows marked \"threads win\" / \"threads lose\" hold only the pairs just before which the "
-               "intra-op threads beat, or lost to, one thread on a small op (validation.speed.machine_state): "
-               "small VMs switch between these states and each state's ratio reproduces where the overall "
-               "median may not.")
+_STATE_NOTE = ("Rows marked \"threads win\" / \"threads lose\" hold only the pairs for which a probe before, "
+               "between and after the pair's two runs saw the intra-op threads beat, or lose to, one thread on "
+               "a small op (validation.speed.machine_state): small VMs switch between these states within "
+               "seconds and each state's ratio reproduces where the overall median may not. \"state changed\" "
+               "rows hold the pairs that straddled a switch; their ratio belongs to neither state.")
 
 
 def _state(name: str) -> str:
-    return name.replace("_", " ")
+    return "state changed during the pair" if name == "state_changed" else name.replace("_", " ")
 
 
 def render_markdown(report: dict[str, Any], title: str = "") -> str:

@@ -35,7 +35,9 @@ class PairedRatio:
     reference_s: float  # median reference time
     candidate_s: float  # median candidate time
     ratios: list[float]
-    probes: list[Any] = field(default_factory=list)  # what ``probe`` said before each pair
+    # What ``probe`` said before each timed run and after the last: pair i's two runs sit between
+    # probes[2i], probes[2i+1] and probes[2i+2] (2 * pairs + 1 of them; none without a probe).
+    probes: list[Any] = field(default_factory=list)
     reference_times: list[float] = field(default_factory=list)  # each pair's, in order
     candidate_times: list[float] = field(default_factory=list)
 
@@ -51,8 +53,10 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
     inside one spell set the median. A window outvotes spells shorter than itself; spells of minutes
     (the FP32 ONNX Runtime LLM step, docs/BENCHMARKS.md) still move the ratio.
 
-    ``probe``, called untimed before each pair, records the machine's state for that pair (a benchmark
-    can then give the ratio per state: a 2-vCPU VM switches between states that move some ratios).
+    ``probe``, called untimed before each timed run and once after the last, records the machine's
+    state around each run (a benchmark can then give the ratio per state: a 2-vCPU VM switches between
+    states that move some ratios, within seconds, so a long pair may straddle a switch and only the
+    probes on both sides of each of its runs tell).
     """
     for _ in range(warmup):
         reference()
@@ -63,14 +67,16 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
     start = time.perf_counter()
     i = 0
     while i < max(pairs, 1) or (time.perf_counter() - start < min_seconds and i < max_pairs):
-        if probe is not None:
-            probes.append(probe())
         order = ((reference, ref_t), (candidate, cand_t)) if i % 2 == 0 else ((candidate, cand_t), (reference, ref_t))
         for fn, sink in order:
+            if probe is not None:
+                probes.append(probe())
             t0 = time.perf_counter()
             fn()
             sink.append(time.perf_counter() - t0)
         i += 1
+    if probe is not None:
+        probes.append(probe())
     ratios = [r / c if c > 0 else float("inf") for r, c in zip(ref_t, cand_t)]
     return PairedRatio(float(np.median(ratios)), (float(min(ratios)), float(max(ratios))), len(ratios),
                        float(np.median(ref_t)), float(np.median(cand_t)), ratios, probes, ref_t, cand_t)

@@ -7,7 +7,9 @@ import time
 import numpy as np
 import torch
 
-from cosycompile.validate.machine_state import by_state, probe, ratio_by_state, small_op_us
+import pytest
+
+from cosycompile.validate.machine_state import by_state, pair_states, probe, ratio_by_state, small_op_us
 from cosycompile.validate.speed import paired_ratio
 
 
@@ -33,30 +35,46 @@ def test_small_op_cost_grows_with_the_work() -> None:
 
 
 def test_by_state_splits_pairs_and_takes_medians_per_state() -> None:
-    ref = [2.0, 4.0, 3.0, 9.0, 6.0]
-    cand = [1.0, 1.0, 1.0, 3.0, 3.0]
-    lose = [0, 0, 0, 1, 1]
+    ref = [2.0, 4.0, 3.0, 9.0, 6.0, 5.0]
+    cand = [1.0, 1.0, 1.0, 3.0, 3.0, 1.0]
+    # One probe before each pair and one after the last: pairs 0-1 in the win state, 3-4 in the lose
+    # state, pairs 2 and 5 straddle a switch.
+    lose = [0, 0, 0, 1, 1, 1, 0]
     out = by_state(ref, cand, lose)
-    assert out["threads_win"] == {"pairs": 3, "reference_s": 3.0, "built_s": 1.0, "speedup": 3.0}
+    assert out["threads_win"] == {"pairs": 2, "reference_s": 3.0, "built_s": 1.0, "speedup": 3.0}
     assert out["threads_lose"] == {"pairs": 2, "reference_s": 7.5, "built_s": 3.0, "speedup": 2.5}
-    only = by_state(ref, cand, [0] * 5)
+    assert out["state_changed"]["pairs"] == 2
+    only = by_state(ref, cand, [0] * 7)
     assert set(only) == {"threads_win"} and only["threads_win"]["speedup"] == float(np.median(np.divide(ref, cand)))
 
 
-def test_ratio_by_state_from_paired_ratio() -> None:
-    # A probe that says "lose" every other pair, with a candidate that is slower in that state.
-    state = {"n": 0}
+def test_a_pair_counts_for_a_state_only_when_every_probe_around_it_agrees() -> None:
+    # Two probes a pair (before each run) and one after the last, as paired_ratio takes them.
+    assert pair_states([0, 0, 0, 1, 1], 2) == ["threads_win", "state_changed"]
+    assert pair_states([1, 1, 1, 1, 1], 2) == ["threads_lose", "threads_lose"]
+    # The switch between a pair's two runs is caught by the probe between them.
+    assert pair_states([0, 1, 0], 1) == ["state_changed"]
+    with pytest.raises(ValueError, match="do not bracket"):
+        pair_states([0, 0], 2)  # the probe after the last pair is missing
 
-    def alternate() -> dict[str, float]:
+
+def test_ratio_by_state_from_paired_ratio() -> None:
+    # A probe that flips between the states every second pair, with a candidate that is slower in
+    # the lose state: two probes a pair, so flipping every fourth probe leaves whole pairs in each
+    # state and the pairs that straddle a flip apart.
+    state = {"n": -1}
+
+    def flipping() -> dict[str, float]:
         state["n"] += 1
-        return {"copy_gb_per_s": 10.0 * (state["n"] % 2 + 1), "threads_lose": float(state["n"] % 2 == 0)}
+        lose = (state["n"] // 4) % 2 == 1
+        return {"copy_gb_per_s": 10.0 if lose else 20.0, "threads_lose": float(lose)}
 
     def candidate() -> None:
-        time.sleep(0.004 if state["n"] % 2 == 0 else 0.001)
+        time.sleep(0.004 if (state["n"] // 4) % 2 == 1 else 0.001)
 
-    r = paired_ratio(lambda: time.sleep(0.004), candidate, pairs=6, warmup=0, probe=alternate)
+    r = paired_ratio(lambda: time.sleep(0.004), candidate, pairs=8, warmup=0, probe=flipping)
+    assert len(r.probes) == 17
     rows = ratio_by_state(r)
-    assert rows["threads_win"]["pairs"] == rows["threads_lose"]["pairs"] == 3
+    assert {s: rows[s]["pairs"] for s in rows} == {"threads_win": 2, "threads_lose": 2, "state_changed": 4}
     assert rows["threads_win"]["copy_gb_per_s"] == 20.0 and rows["threads_lose"]["copy_gb_per_s"] == 10.0
     assert rows["threads_win"]["speedup"] > 2 > rows["threads_lose"]["speedup"]
-    assert min(rows["threads_win"]["speedup"], rows["threads_lose"]["speedup"]) <= r.ratio

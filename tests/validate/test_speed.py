@@ -37,7 +37,7 @@ def test_max_pairs_caps_the_window() -> None:
     assert r.pairs == 7
 
 
-def test_a_probe_runs_before_each_pair_and_outside_the_timing() -> None:
+def test_a_probe_runs_around_each_timed_run_and_outside_the_timing() -> None:
     calls: list[str] = []
     seen: list[int] = []
 
@@ -48,8 +48,9 @@ def test_a_probe_runs_before_each_pair_and_outside_the_timing() -> None:
         return seen[-1]
 
     r = paired_ratio(_recorder(calls, "ref", 0.002), _recorder(calls, "cand", 0.001), pairs=3, warmup=1, probe=probe)
-    assert r.probes == [0, 1, 2]
-    assert calls == ["ref", "cand", "probe", "ref", "cand", "probe", "cand", "ref", "probe", "ref", "cand"]
+    assert r.probes == [0, 1, 2, 3, 4, 5, 6]
+    assert calls == ["ref", "cand", "probe", "ref", "probe", "cand", "probe", "cand", "probe", "ref",
+                     "probe", "ref", "probe", "cand", "probe"]
     assert r.reference_s < 0.02 and r.candidate_s < 0.02
     assert [a / b for a, b in zip(r.reference_times, r.candidate_times)] == r.ratios
     assert paired_ratio(lambda: None, lambda: None, pairs=2, warmup=0).probes == []
