@@ -56,6 +56,18 @@ def run_ratios(folder: Path) -> dict[str, float]:
     return out
 
 
+def timeline_line(folder: Path) -> str:
+    """The share of time in each state of the VM and the median spell, from the run's
+    ``machine_timeline.json`` (empty when the run has none): the overall ratios move with it."""
+    try:
+        summary = json.loads((folder / "machine_timeline.json").read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        return ""
+    states = [f"{state.replace('_', ' ')} {100 * s['share']:.0f} % of the time (median spell "
+              f"{s['spell_s']['median']:.0f} s)" for state in ("threads_win", "threads_lose") if (s := summary.get(state))]
+    return ", ".join(states + [f"{summary.get('switches', 0)} switches in {summary.get('seconds', 0):.0f} s"])
+
+
 def compare(a: dict[str, float], b: dict[str, float], tolerance: float) -> tuple[list[list[str]], list[str]]:
     """Table rows (name, A, B, difference, verdict) and the names over tolerance."""
     rows, over = [], []
@@ -91,6 +103,10 @@ def main() -> int:
     a, b = run_ratios(first), run_ratios(second)
     rows, over = compare(a, b, args.tolerance)
     print(f"run A: {first}\nrun B: {second}\n")
+    for name, folder in (("A", first), ("B", second)):
+        line = timeline_line(folder)
+        if line:
+            print(f"run {name}'s machine: {line}")
     print("| ratio | run A | run B | difference | |")
     print("|---|---|---|---|---|")
     for row in rows:

@@ -1,6 +1,7 @@
 """`make bench`: every benchmark of the project, each measuring its ratios within one run.
 
-Runs bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
+Runs bench/machine_timeline.py for 3 minutes (the share and spells of the VM's two states), then
+bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
 builtin:random-0.5b (interleaved FP32/quantized pairs), bench/flow_sensitivity.py (simulated INT8 per
 layer group of the flow estimator), bench/cfm_steps.py (mel SNR of fewer CFM steps against 10),
 bench/torch_backend.py (AOTInductor vs ONNX
@@ -36,7 +37,9 @@ REPO = Path(__file__).resolve().parents[1]
 def commands(fresh: Path) -> list[list[str]]:
     """Every benchmark command of a run, in order."""
     py, bench = sys.executable, REPO / "bench"
-    cmds = [[py, str(bench / "quantized_speed.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
+    # First, how the VM's state runs today: the share of each state moves the overall ratios.
+    cmds = [[py, str(bench / "machine_timeline.py"), "--minutes", "3"]]
+    cmds += [[py, str(bench / "quantized_speed.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
             for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4")]
     cmds += [[py, str(bench / s)] for s in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py",
                                             "flow_profile.py")]

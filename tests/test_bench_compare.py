@@ -80,3 +80,17 @@ def test_pairs_that_straddled_a_switch_are_shown_but_not_judged(tmp_path: Path) 
 def test_missing_run_folder_is_a_one_line_error(tmp_path: Path) -> None:
     res = _compare(tmp_path / "nope", tmp_path / "nope2")
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and "is not a folder" in res.stderr
+
+
+def test_each_runs_machine_timeline_is_shown(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0)], 0.236)
+    b = _run(tmp_path / "b", 3.44, [("int8", 1, 4.0)], 0.236)
+    summary = {"probes": 300, "seconds": 180.0, "switches": 12,
+               "threads_win": {"share": 0.25, "spell_s": {"median": 6.0}},
+               "threads_lose": {"share": 0.75, "spell_s": {"median": 9.4}}}
+    (a / "machine_timeline.json").write_text(json.dumps({"summary": summary}))
+    res = _compare(a, b)
+    assert res.returncode == 0
+    assert ("run A's machine: threads win 25 % of the time (median spell 6 s), threads lose 75 % of the time "
+            "(median spell 9 s), 12 switches in 180 s") in res.stdout
+    assert "run B's machine" not in res.stdout  # no timeline in that run
