@@ -102,16 +102,18 @@ def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
     """``cosycompile.validate.machine_state.probe`` (copy throughput of a 256 MiB buffer, the small
     op on one thread and on ``threads``, ``threads_lose``) plus a fixed FP32 matmul on one thread
     and on ``threads``, each the best of three (a core's speed, and whether the threads get cores of
-    their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller)."""
+    their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller), and the same matmul in
+    BF16 on one thread (the AVX-512 BF16 path, whose speed moved between runs while FP32 held)."""
     from cosycompile.validate.machine_state import best_of, probe
 
-    def best_of_3(n: int) -> float:
+    def best_of_3(n: int, x: Any = a) -> float:
         torch.set_num_threads(n)
-        return best_of(lambda: [torch.mm(a, a) for _ in range(4)])
+        return best_of(lambda: [torch.mm(x, x) for _ in range(4)])
 
     was = torch.get_num_threads()
     try:
-        out = {"matmul_1_thread_ms": 1000 * best_of_3(1), f"matmul_{threads}_threads_ms": 1000 * best_of_3(threads)}
+        out = {"matmul_1_thread_ms": 1000 * best_of_3(1), f"matmul_{threads}_threads_ms": 1000 * best_of_3(threads),
+               "matmul_bf16_1_thread_ms": 1000 * best_of_3(1, a.to(torch.bfloat16))}
     finally:
         torch.set_num_threads(was)
     return {**probe(threads, copy_mib=256), **out}

@@ -215,7 +215,9 @@ def main() -> int:
                 run_pkg = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape,
                                   static=static.decoder() if static is not None else None)
                 r = paired_ratio(run_eager, run_pkg, pairs=args.pairs, min_seconds=args.min_seconds, probe=probe)
-                out["rows"].append({**({"by_state": ratio_by_state(r)} if probe else {}),
+                # Each probe's median over the row's pairs: which machine speed a row's move follows.
+                medians = {k: float(np.median([q[k] for q in r.probes])) for k in (r.probes[0] if r.probes else {})}
+                out["rows"].append({**({"by_state": ratio_by_state(r), "probe_medians": medians} if probe else {}),
                                     "format": fmt, "loop": loop, "batch": batch,
                                     "ms_per_token": 1000 * r.candidate_s / args.tokens,
                                     "eager_fp32_ms_per_token": 1000 * r.reference_s / args.tokens,
@@ -236,6 +238,9 @@ def main() -> int:
               f"{row['eager_fp32_ms_per_token']:.3f} ms) | {row['floor_ms_per_token']:.3f} ({row['weight_bytes'] / 1e6:.0f}) | "
               f"{row['logit_cosine']:.4f} |")
     for row in out["rows"]:
+        if row.get("probe_medians"):
+            print(f"  {row['format']} {row['loop']} batch {row['batch']}, probes (median): " + ", ".join(
+                f"{k} {v:.1f}" for k, v in row["probe_medians"].items() if k != "threads_lose"))
         for state, st in row.get("by_state", {}).items():
             print(f"  {row['format']} {row['loop']} batch {row['batch']}, {state.replace('_', ' ')} ({st['pairs']} pairs, "
                   f"copy {st['copy_gb_per_s']:.0f} GB/s): {1000 * st['built_s'] / args.tokens:.2f} ms/token, eager "

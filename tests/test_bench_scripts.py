@@ -83,7 +83,8 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None
     assert out["rounds"] == 3 and out["chunk_tokens"] == 28
     probes = out["probes"]
     assert set(probes) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms", "small_op_1_thread_us",
-                           "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms", "threads_lose_around_sides"}
+                           "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms", "threads_lose_around_sides",
+                           "matmul_bf16_1_thread_ms"}
     assert all(len(v) == 3 and min(v) > 0 for k, v in probes.items() if not k.startswith("threads_lose"))
     assert len(probes["threads_lose_around_sides"]) == 2 * 3 + 1  # before each side, and after the last round
     # The state of a round is whether two threads lost to one on the small op; the rounds of the two
@@ -132,3 +133,17 @@ def test_machine_timeline_spells_are_runs_of_one_state() -> None:
     # win from 0 to 2 (next spell's first probe), lose 2 to 5, win 5 to its own last probe at 6.
     assert spells([0, 1, 2, 3, 5, 6], [0, 0, 1, 1, 0, 0]) == {"threads_win": [2, 1], "threads_lose": [3]}
     assert spells([0, 1], [1, 1]) == {"threads_win": [], "threads_lose": [1]}
+
+
+def test_llm_decode_rows_carry_their_probes(tmp_path: Path) -> None:
+    res = _bench("llm_decode.py", "--model", "builtin:tiny", "--device", "cpu", "--formats", "fp32", "--batches", "1",
+                 "--tokens", "4", "--pairs", "2", "--min-seconds", "0", "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    row = json.loads((tmp_path / "bench" / "llm_decode-cpu.json").read_text())["rows"][0]
+    assert row["format"] == "fp32" and row["pairs"] == 2 and row["logit_cosine"] > 0.99999
+    # The medians of the probes taken around the row's runs, the BF16 matmul among them.
+    medians = row["probe_medians"]
+    assert {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_bf16_1_thread_ms", "threads_lose"} <= set(medians)
+    assert medians["matmul_bf16_1_thread_ms"] > 0 and medians["matmul_1_thread_ms"] > 0
+    assert sum(s["pairs"] for s in row["by_state"].values()) == 2
+    assert "probes (median): copy_gb_per_s" in res.stdout
