@@ -66,15 +66,15 @@ def run_rounds(sides: dict[str, dict[str, Callable[[], Any]]], rounds: int, min_
                max_rounds: int = 200) -> tuple[dict[str, dict[str, list[float]]], dict[str, list[float]]]:
     """Seconds of every part of every side, one entry per round, and the machine probes of each round
     (with ``extras``, each timed once a round, in ms, as ``<name>_ms``), and under
-    ``threads_lose_around_sides`` the state before each side and after the last round. Rounds go on past ``rounds``
-    until ``min_seconds`` have passed (as ``paired_ratio``'s window: a spell shorter than the window
-    is outvoted)."""
+    ``threads_lose_around_sides`` the state before each side and after the last round. Rounds go on
+    past ``rounds`` until ``min_seconds`` have passed (as ``paired_ratio``'s window: a spell shorter
+    than the window is outvoted)."""
     import torch
+
+    from cosycompile.validate.machine_state import probe
 
     names = list(sides)
     times: dict[str, dict[str, list[float]]] = {s: {p: [] for p in PARTS} for s in names}
-    from cosycompile.validate.machine_state import probe
-
     probes: dict[str, list[float]] = {}
     # The state before each side's parts and after the last round (machine_state.pair_states): a
     # round lasts seconds, about as long as the VM's spells, so the probe at its start alone misfiles.
