@@ -163,6 +163,7 @@ def main() -> int:
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
+    from cosycompile.validate.machine_state import CHANGED, STATES
 
     t0 = time.perf_counter()
     body = {"extends": str(recipe), "model": args.model, "calibration": BENCH_CALIBRATION}
@@ -222,7 +223,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for part, r in rows.items():
         cells = []
-        for state in ("threads_win", "threads_lose", "state_changed"):
+        for state in (*STATES, CHANGED):
             st = r["by_state"].get(state)
             cells.append(f"{1000 * st['reference_s']:.0f} | {1000 * st['built_s']:.0f} | {st['speedup']:.2f}x | "
                          f"{st['pairs']}" if st else "- | - | - | 0")

@@ -73,17 +73,22 @@ def probe(threads: int, copy_mib: int = 64) -> dict[str, float]:
     return out
 
 
+def _windows(probes: int, pairs: int) -> list[slice]:
+    """The probes around each pair: ``probes`` is ``k * pairs + 1`` (``k`` before each pair's runs and
+    one after the last), so pair i sits between probes k*i and k*i + k."""
+    if pairs < 1 or (probes - 1) % pairs or probes < pairs + 1:
+        raise ValueError(f"{probes} probes do not bracket {pairs} pairs (want k * pairs + 1)")
+    k = (probes - 1) // pairs
+    return [slice(k * i, k * i + k + 1) for i in range(pairs)]
+
+
 def pair_states(lose: Sequence[Any], pairs: int) -> list[str]:
-    """Each pair's state from the probes around it: ``lose`` holds ``threads_lose`` of ``k * pairs + 1``
-    probes, ``k`` before each pair's runs and one after the last (pair i sits between probes k*i and
-    k*i + k). A pair whose probes all agree gets that state; one whose probes disagree straddled a
-    switch and gets ``CHANGED`` (the VM's spells last seconds, so a long pair often does)."""
-    if pairs < 1 or (len(lose) - 1) % pairs or len(lose) < pairs + 1:
-        raise ValueError(f"{len(lose)} probes do not bracket {pairs} pairs (want k * pairs + 1)")
-    k = (len(lose) - 1) // pairs
+    """Each pair's state from ``threads_lose`` of the probes around it (``_windows``). A pair whose
+    probes all agree gets that state; one whose probes disagree straddled a switch and gets
+    ``CHANGED`` (the VM's spells last seconds, so a long pair often does)."""
     out = []
-    for i in range(pairs):
-        seen = {bool(x) for x in lose[k * i: k * i + k + 1]}
+    for w in _windows(len(lose), pairs):
+        seen = {bool(x) for x in lose[w]}
         out.append(CHANGED if len(seen) > 1 else STATES[int(seen.pop())])
     return out
 
@@ -109,9 +114,8 @@ def ratio_by_state(r: Any) -> dict[str, Any]:
     median copy throughput of the probes around each state's pairs."""
     lose = [p["threads_lose"] for p in r.probes]
     rows = by_state(r.reference_times, r.candidate_times, lose)
-    states = pair_states(lose, r.pairs)
-    k = (len(lose) - 1) // r.pairs
+    around = list(zip(pair_states(lose, r.pairs), _windows(len(lose), r.pairs)))
     for name, row in rows.items():
-        copy = [p["copy_gb_per_s"] for i, s in enumerate(states) if s == name for p in r.probes[k * i: k * i + k + 1]]
+        copy = [p["copy_gb_per_s"] for state, w in around if state == name for p in r.probes[w]]
         row["copy_gb_per_s"] = float(np.median(copy))
     return rows

@@ -42,7 +42,9 @@ _STATE_NOTE = ("Rows marked \"threads win\" / \"threads lose\" hold only the pai
 
 
 def _state(name: str) -> str:
-    return "state changed during the pair" if name == "state_changed" else name.replace("_", " ")
+    from cosycompile.validate.machine_state import CHANGED
+
+    return "state changed during the pair" if name == CHANGED else name.replace("_", " ")
 
 
 def render_markdown(report: dict[str, Any], title: str = "") -> str:
