@@ -67,6 +67,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--results", type=Path, default=REPO / "artifacts" / "bench")
     args = ap.parse_args()
+    if args.minutes <= 0 or args.interval < 0 or args.threads < 1:
+        ap.error("--minutes must be > 0, --interval >= 0 and --threads >= 1")
     import torch
 
     a = torch.randn(1024, 1024)
