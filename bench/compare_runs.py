@@ -9,7 +9,10 @@ apart from those given per state of the machine (``by_state``).
 Usage: python bench/compare_runs.py RUN_A RUN_B [--tolerance 0.10]
        python bench/compare_runs.py --last-two        (the two newest runs under artifacts/bench/runs)
 Exit status 1 when a ratio present in both runs differs by more than the tolerance (ratios of pairs
-that straddled a switch of the machine's state are shown but not judged).
+that straddled a switch of the machine's state are shown but not judged). Runs made on different
+machines (the CPU line each result file carries) are refused with exit status 2 unless
+``--other-machine`` is given: a ratio is a property of the CPU, and two CPUs disagreeing says nothing
+about whether the benchmark reproduces.
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ def timeline_line(folder: Path) -> str:
     return ", ".join(states + [f"{summary.get('switches', 0)} switches in {summary.get('seconds', 0):.0f} s"])
 
 
+def run_machines(folder: Path) -> set[str]:
+    """The machine lines (``bench/builtin_models.machine``) that the run's files carry (none for a
+    hand-made folder without them)."""
+    found = set()
+    for f in folder.glob("*.json"):
+        try:
+            data = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("machine"), str):
+            found.add(data["machine"])
+    return found
+
+
 def compare(a: dict[str, float], b: dict[str, float], tolerance: float) -> tuple[list[list[str]], list[str]]:
     """Table rows (name, A, B, difference, verdict) and the names over tolerance."""
     rows, over = [], []
@@ -85,6 +102,8 @@ def main() -> int:
     ap.add_argument("runs", nargs="*", type=Path, help="two run folders (artifacts/bench/runs/<stamp>)")
     ap.add_argument("--last-two", action="store_true", help="compare the two newest runs under artifacts/bench/runs")
     ap.add_argument("--tolerance", type=float, default=0.10, help="largest relative difference that agrees (0.10)")
+    ap.add_argument("--other-machine", action="store_true",
+                    help="compare runs made on different CPUs anyway (the table is shown, the verdict means little)")
     args = ap.parse_args()
     if args.last_two:
         found = sorted(p for p in RUNS.glob("*") if p.is_dir()) if RUNS.is_dir() else []
@@ -100,6 +119,17 @@ def main() -> int:
         if not folder.is_dir():
             print(f"compare_runs: {folder} is not a folder", file=sys.stderr)
             return 2
+    machines = {name: run_machines(folder) for name, folder in (("A", first), ("B", second))}
+    # Scripts word their machine line differently (llm_decode names a GPU), so one machine can give a
+    # run several lines; two machines share none.
+    if machines["A"] and machines["B"] and not machines["A"] & machines["B"]:
+        if not args.other_machine:
+            print(f"compare_runs: the runs were made on different machines (A: {'; '.join(sorted(machines['A']))}; "
+                  f"B: {'; '.join(sorted(machines['B']))}); give --other-machine to compare them anyway",
+                  file=sys.stderr)
+            return 2
+        print("NOTE: the two runs were made on different machines; a difference below is not a failure to "
+              "reproduce\n")
     a, b = run_ratios(first), run_ratios(second)
     rows, over = compare(a, b, args.tolerance)
     print(f"run A: {first}\nrun B: {second}\n")

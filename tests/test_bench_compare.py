@@ -94,3 +94,28 @@ def test_each_runs_machine_timeline_is_shown(tmp_path: Path) -> None:
     assert ("run A's machine: threads win 25 % of the time (median spell 6 s), threads lose 75 % of the time "
             "(median spell 9 s), 12 switches in 180 s") in res.stdout
     assert "run B's machine" not in res.stdout  # no timeline in that run
+
+
+def _stamp_machine(folder: Path, line: str) -> None:
+    for f in folder.glob("*.json"):
+        body = json.loads(f.read_text())
+        if isinstance(body, dict):
+            f.write_text(json.dumps({**body, "machine": line}))
+
+
+def test_runs_from_different_machines_are_refused_unless_asked(tmp_path: Path) -> None:
+    a = _run(tmp_path / "a", 3.44, [("int8", 1, 4.0)], 0.236)
+    b = _run(tmp_path / "b", 3.44, [("int8", 1, 4.0)], 0.236)
+    _stamp_machine(a, "AMD EPYC (family 26, model 2), 2 vCPU")
+    _stamp_machine(b, "Intel Xeon (family 6, model 207), 2 vCPU")
+    res = _compare(a, b)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "different machines" in res.stderr and "model 207" in res.stderr and len(res.stderr.splitlines()) == 1
+    forced = subprocess.run([sys.executable, str(SCRIPT), str(a), str(b), "--other-machine"], capture_output=True, text=True)
+    assert forced.returncode == 0 and "made on different machines" in forced.stdout
+    # One machine whose scripts word their line differently (one file adds its thread count) still compares.
+    _stamp_machine(b, "AMD EPYC (family 26, model 2), 2 vCPU")
+    (b / "llm_decode-cpu.json").write_text(json.dumps({**json.loads((b / "llm_decode-cpu.json").read_text()),
+                                                       "machine": "AMD EPYC (family 26, model 2), 2 vCPU, 2 threads"}))
+    same = _compare(a, b)
+    assert same.returncode == 0 and "different machines" not in same.stdout + same.stderr
