@@ -181,7 +181,7 @@ def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling:
 
 def _peak_rss_mb() -> float:
     """Peak RSS of this process so far: the pipeline check's and that of every step run before it
-    in the same ``cosycompile build`` (calibration of the 0.5B LLM peaks near 11 GB, the check near 6)."""
+    in the same ``cosycompile build`` (on the 0.5B model: near 11 GB with the quantize steps, near 6 GB for the check alone)."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

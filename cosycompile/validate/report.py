@@ -102,7 +102,7 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
             lines += ["Throughput of the build (audio s per wall s): "
                       + ", ".join(f"concurrency {c}: {_fmt(v['audio_s_per_s'])}" for c, v in tp.items()) + "."]
         if "peak_rss_mb" in speed:
-            # ru_maxrss cannot be reset, so a build that also ran calibration shows that step's peak here.
+            # ru_maxrss cannot be reset, so a build that also ran quantize steps shows their peak here.
             lines += [f"Peak host memory (RSS) of the build process, over this check and every step it ran "
                       f"(cached steps did not run): {speed['peak_rss_mb']:.0f} MB."]
         llm = speed.get("llm", {})
