@@ -2,8 +2,8 @@
 
 Runs bench/machine_timeline.py for 3 minutes (the share and spells of the VM's two states), then
 bench/quantized_speed.py for the INT8 (static and dynamic flow) and INT4 CPU recipes on
-builtin:random-0.5b (interleaved FP32/quantized pairs, 60 s windows), bench/flow_sensitivity.py (simulated INT8 per
-layer group of the flow estimator), bench/cfm_steps.py (mel SNR of fewer CFM steps against 10),
+builtin:random-0.5b (interleaved FP32/quantized pairs, 60 s windows), bench/flow_sensitivity.py (simulated INT8
+per layer group of the flow estimator), bench/cfm_steps.py (mel SNR of fewer CFM steps against 10),
 bench/torch_backend.py (AOTInductor vs ONNX
 Runtime FP32 packages, interleaved), bench/llm_decode.py (the LLM decode step's torch packages vs the
 FP32 eager step, with the bandwidth floor), bench/flow_profile.py (where a cpu-fast flow-estimator
@@ -39,10 +39,8 @@ def commands(fresh: Path) -> list[list[str]]:
     py, bench = sys.executable, REPO / "bench"
     # First, how the VM's state runs today: the share of each state moves the overall ratios.
     cmds = [[py, str(bench / "machine_timeline.py"), "--minutes", "3"]]
-    # 60 s windows: with the default 30 s, 5-8 pairs left these medians 10-11 % apart between two whole
-    # runs on a one-state VM; twice the pairs brought them within 4.3 % (docs/BENCHMARKS.md, Intel VM).
-    cmds += [[py, str(bench / "quantized_speed.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml"),
-              "--min-seconds", "60"] for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4")]
+    cmds += [[py, str(bench / "quantized_speed.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
+            for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-int4")]
     cmds += [[py, str(bench / s)] for s in ("flow_sensitivity.py", "cfm_steps.py", "torch_backend.py", "llm_decode.py",
                                             "flow_profile.py")]
     # A fresh artifacts dir: the first build must compute the reference for the ratio to mean anything.
