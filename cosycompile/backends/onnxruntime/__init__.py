@@ -2,7 +2,8 @@
 
 Offline optimization moves graph rewriting out of every server's start-up. Levels up to
 'extended' stay portable across x86 CPUs; 'all' adds layout transforms tied to the build CPU,
-which is recorded in the passport.
+which is recorded in the passport. After it, two exact rewrites of our own (``attention.py``,
+``mish.py``) replace chains the optimizer leaves as slow separate kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ class Options(BaseModel):
         "extended", description="graph optimizations applied offline and saved; 'all' adds layout changes "
                                 "specific to the build machine's CPU")
     execution_mode: Literal["sequential", "parallel"] = "sequential"
+    rewrites: tuple[Literal["attention", "mish"], ...] = Field(
+        ("attention", "mish"), description="exact graph rewrites applied after the offline optimization (not with "
+                                           "'disable'): 'attention' fuses exported scaled-dot-product attention "
+                                           "into the MultiHeadAttention kernel, 'mish' computes x*tanh(softplus(x)) "
+                                           "without ONNX Runtime's scalar Softplus; [] keeps the optimizer's graph")
 
 
 def check_format(stage: str, fmt: str, options: Options, opset: int) -> tuple[str, str] | None:

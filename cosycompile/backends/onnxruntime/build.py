@@ -45,11 +45,16 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     gd = read_graphs_dir(src)
     eng = copy_assets(gd, out)
     level = options.optimization
+    rewrites = options.rewrites if level != "disable" else ()
+    rewritten: dict[str, dict[str, int]] = {}
     for name, g in gd.graphs.items():
         so = _session_options(1, level)
         so.optimized_model_filepath = str(out / g["file"])
         # Creating the session performs and saves the optimization.
         ort.InferenceSession(str(gd.graph_path(name)), so, providers=["CPUExecutionProvider"])
+        counts = _rewrite(out / g["file"], rewrites)
+        if counts:
+            rewritten[name] = counts
     eng.info = dict(gd.info)
     eng.write()
     return {
@@ -59,9 +64,30 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         "precision": gd.info.get("precision", "fp32"),
         "optimization": level,
         "execution_mode": options.execution_mode,
+        "rewrites": rewritten,
         "portable": level != "all",
         "build_host": {"machine": platform.machine(), "cpu_flags": _cpu_flags() if level == "all" else []},
     }
+
+
+def _rewrite(path: Path, rewrites: tuple[str, ...]) -> dict[str, int]:
+    """Apply ``rewrites`` to the optimized graph at ``path`` in place; returns the count of each that matched."""
+    if not rewrites:
+        return {}
+    import onnx
+
+    from cosycompile.backends.onnxruntime.attention import fuse_attention
+    from cosycompile.backends.onnxruntime.mish import rewrite_mish
+    from cosycompile.onnx.tools import save_model
+
+    model = onnx.load(str(path))
+    passes = {"attention": fuse_attention, "mish": rewrite_mish}
+    counts = {r: n for r in rewrites if (n := passes[r](model))}
+    if counts:
+        save_model(model, path)
+        # Fail the build, not the first server, if a rewrite left a graph ONNX Runtime rejects.
+        ort.InferenceSession(str(path), _session_options(1, "disable"), providers=["CPUExecutionProvider"])
+    return counts
 
 
 class OrtRunner:
