@@ -8,11 +8,14 @@ of 64, ``--frames`` frames):
   mask add, softmax, PV) against ONNX Runtime's fused MultiHeadAttention op, and torch's
   scaled_dot_product_attention and plain matmul-softmax-matmul in FP32 and BF16 (GFLOP/s of the two
   products each);
-- Mish: the `cpu-fast` estimator as built against the same graph with every
-  ``x * tanh(softplus(x))`` written as ONNX's Mish op (opset 18), whole calls, with the largest
-  output difference.
+- whole estimator calls of ``--recipe``'s flow engine built with the ONNX Runtime backend's rewrites
+  (fused attention, the rational Mish: each alone and both, the default) against the same engine
+  built with ``rewrites: []`` (the offline optimizer's graph), in interleaved pairs for at least
+  ``--min-seconds`` each, with the largest output difference. Kernels measured alone miss what the
+  engine's memory arena and caches do to the unfused chain, so the whole call is the figure.
 
-Usage: python bench/flow_kernels.py [--frames 632] [--pairs 15]
+Usage: python bench/flow_kernels.py [--recipe recipes/cpu-fast.yaml] [--frames 632] [--pairs 15]
+       [--min-seconds 30]
 Writes artifacts/bench/flow_kernels.json and prints Markdown tables.
 """
 
@@ -21,16 +24,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from builtin_models import add_min_seconds, build_steps, estimator_inputs, machine, machine_probes
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 HEADS, HEAD_DIM = 8, 64
+# Engine builds compared whole-call against the optimizer's graph ("none").
+REWRITE_SETS = {"none": [], "attention": ["attention"], "mish": ["mish"], "both": ["attention", "mish"]}
 
 
 def ort_session(model: Any, threads: int, level: str = "extended") -> Any:
@@ -73,48 +79,32 @@ def attention_graphs(batch: int, frames: int) -> tuple[Any, Any]:
     return unfused, mha
 
 
-def fuse_mish(model: Any) -> int:
-    """Rewrite every ``Mul(x, Tanh(Softplus(x)))`` whose intermediates feed nothing else as Mish(x)."""
-    from onnx import helper
-
-    graph = model.graph
-    producer = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    drop, replace = set(), {}
-    for mul in graph.node:
-        if mul.op_type != "Mul" or len(mul.input) != 2:
-            continue
-        for x, t in (mul.input, mul.input[::-1]):
-            tanh = producer.get(t)
-            soft = producer.get(tanh.input[0]) if tanh is not None and tanh.op_type == "Tanh" else None
-            if soft is None or soft.op_type != "Softplus" or soft.input[0] != x or uses[t] != 1 or uses[tanh.input[0]] != 1:
-                continue
-            drop |= {id(tanh), id(soft)}
-            replace[id(mul)] = helper.make_node("Mish", [x], list(mul.output))
-            break
-    kept = [replace.get(id(n), n) for n in graph.node if id(n) not in drop]
-    del graph.node[:]
-    graph.node.extend(kept)
-    return len(replace)
+def rewrite_engines(recipe: Path, model: str, artifacts: Path) -> dict[str, Path]:
+    """The flow engine of ``recipe`` built with each set of the ONNX Runtime backend's rewrites."""
+    out = {}
+    for name, rewrites in REWRITE_SETS.items():
+        body = {"extends": str(recipe.resolve()), "model": model,
+                "stages": {"llm": {"enabled": False}, "hift": {"enabled": False},
+                           "flow": {"engine": {"backend": "onnxruntime", "options": {"rewrites": rewrites}}}}}
+        out[name] = build_steps(body, f"bench-flow-rewrites-{recipe.stem}-{name}", ["flow.engine"],
+                                artifacts)["flow.engine"]
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:random-0.5b")
+    ap.add_argument("--recipe", default=str(REPO / "recipes" / "cpu-fast.yaml"))
     ap.add_argument("--frames", type=int, default=632)
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
+    add_min_seconds(ap)
     args = ap.parse_args()
     art = Path(args.artifacts)
 
-    import onnx
     import torch
     import torch.nn.functional as F
-    from builtin_models import estimator_inputs, flow_engine
 
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.validate.speed import paired_ratio
@@ -151,20 +141,23 @@ def main() -> int:
                          "speedup": r.ratio, "spread": r.spread, "pairs": r.pairs,
                          "max_abs_error": float(np.abs(got - want).max())})
 
-    engine = flow_engine(REPO / "recipes" / "cpu-fast.yaml", args.model, art)
-    path = read_graphs_dir(engine).graph_path("flow_estimator")
-    model = onnx.load(str(path))
-    fused = fuse_mish(model)
-    with tempfile.TemporaryDirectory() as tmp:
-        fused_path = str(Path(tmp) / "mish.onnx")
-        onnx.save(model, fused_path)
-        as_built, with_mish = (ort_session(str(p), args.threads, "disable") for p in (path, fused_path))
+    engines = rewrite_engines(Path(args.recipe), args.model, art)
+    sessions = {n: ort_session(str(read_graphs_dir(e).graph_path("flow_estimator")), args.threads, "disable")
+                for n, e in engines.items()}
     est = estimator_inputs(rng, T)
-    diff = float(np.abs(as_built.run(None, est)[0] - with_mish.run(None, est)[0]).max())
-    m = paired_ratio(lambda: as_built.run(None, est), lambda: with_mish.run(None, est), pairs=max(args.pairs // 3, 3))
-    out = {"model": args.model, "frames": T, "threads": args.threads, "torch": torch.__version__,
-           "attention": rows, "mish": {"fused": fused, "speedup": m.ratio, "spread": m.spread, "pairs": m.pairs,
-                                       "call_ms": 1000 * m.candidate_s, "max_abs_diff": diff}}
+    plain = sessions.pop("none")
+    base = plain.run(None, est)[0]
+    a = torch.randn(1024, 1024)
+    whole = []
+    for name, sess in sessions.items():
+        diff = float(np.abs(sess.run(None, est)[0] - base).max())
+        r = paired_ratio(lambda: plain.run(None, est), lambda s=sess: s.run(None, est), pairs=3,
+                         min_seconds=args.min_seconds, probe=lambda: machine_probes(torch, args.threads, a))
+        whole.append({"rewrites": REWRITE_SETS[name], "call_ms": 1000 * r.candidate_s,
+                      "plain_call_ms": 1000 * r.reference_s, "speedup": r.ratio, "spread": r.spread,
+                      "pairs": r.pairs, "max_abs_diff": diff})
+    out = {"model": args.model, "recipe": Path(args.recipe).name, "frames": T, "threads": args.threads,
+           "machine": machine(), "torch": torch.__version__, "attention": rows, "whole_call": whole}
     dest = art / "bench" / "flow_kernels.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1))
@@ -176,8 +169,12 @@ def main() -> int:
     for r in rows:
         print(f"| {r['kernel']} | {r['ms']:.1f} | {r['gflops']:.0f} | {r['speedup']:.2f}x ({r['spread'][0]:.2f}-"
               f"{r['spread'][1]:.2f}, {r['pairs']}) | {r['max_abs_error']:.1e} |")
-    print(f"Mish: {fused} fused in the cpu-fast estimator; whole call {out['mish']['call_ms']:.0f} ms, {m.ratio:.2f}x "
-          f"({m.spread[0]:.2f}-{m.spread[1]:.2f}, {m.pairs} pairs) against as built; max output difference {diff:.1e}")
+    print(f"\nwhole estimator calls of {out['recipe']}'s flow engine (T={T}) against it built with rewrites: []")
+    print("| rewrites | ms a call (plain) | vs plain (median, spread, pairs) | max output difference |")
+    print("|---|---|---|---|")
+    for w in whole:
+        print(f"| {', '.join(w['rewrites'])} | {w['call_ms']:.0f} ({w['plain_call_ms']:.0f}) | {w['speedup']:.2f}x "
+              f"({w['spread'][0]:.2f}-{w['spread'][1]:.2f}, {w['pairs']}) | {w['max_abs_diff']:.1e} |")
     print(f"result: {dest}")
     return 0
 

@@ -30,7 +30,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-PRODUCTS = ("MatMul", "FusedMatMul")
+# FP32 products: the attention's Q.K^T and P.V are MatMul / FusedMatMul nodes as the optimizer leaves
+# them, or inside MultiHeadAttention where the backend's attention rewrite fused the chain (whose
+# time then includes its softmax and bias add).
+PRODUCTS = ("MatMul", "FusedMatMul", "MultiHeadAttention")
 
 
 def product_flops(event: dict) -> float:
@@ -41,6 +44,9 @@ def product_flops(event: dict) -> float:
     if len(shapes) < 2 or not outs or not shapes[0]:
         return 0.0
     a, b = shapes[0], shapes[1]
+    if args.get("op_name") == "MultiHeadAttention":
+        # query [B, S, D], key [B, T, D]: two products of 2*B*S*T*D each, whatever the head split.
+        return 4.0 * a[0] * a[1] * b[1] * a[2]
     # FusedMatMul may transpose A (transA): its inner dim is then A's second-last.
     inner = a[-1] if len(b) < 2 or a[-1] in (b[-2], b[-1]) else a[-2]
     return 2.0 * math.prod(outs[0]) * inner
@@ -110,7 +116,7 @@ def main() -> int:
     p = out["fp32_products"]
     print(f"{args.model}, {recipe.name} flow estimator, T={T}, batch 2, {args.threads} threads, ONNX Runtime "
           f"{ort.__version__}: {out['call_ms']:.0f} ms a call (median of {args.runs}, profiler on)")
-    print(f"FP32 MatMul/FusedMatMul: {p['gflop_per_call']:.1f} GFLOP a call in {p['ms_per_call']:.0f} ms = "
+    print(f"FP32 MatMul/FusedMatMul/MultiHeadAttention: {p['gflop_per_call']:.1f} GFLOP a call in {p['ms_per_call']:.0f} ms = "
           f"{p['gflops']:.0f} GFLOP/s; this machine's FP32 GEMM (torch 2048^3): {peak:.0f} GFLOP/s")
     print("| operator | ms a call | share |")
     print("|---|---|---|")
