@@ -11,8 +11,8 @@ of 64, ``--frames`` frames):
 - whole estimator calls of ``--recipe``'s flow engine built with the ONNX Runtime backend's rewrites
   (fused attention, the rational Mish: each alone and both, the default) against the same engine
   built with ``rewrites: []`` (the offline optimizer's graph), in interleaved pairs for at least
-  ``--min-seconds`` each, with the largest output difference. Kernels measured alone miss what the
-  engine's memory arena and caches do to the unfused chain, so the whole call is the figure.
+  ``--min-seconds`` each, with the largest output difference. Kernels timed alone spread widely from
+  pair to pair, so the whole call is the figure.
 
 Usage: python bench/flow_kernels.py [--recipe recipes/cpu-fast.yaml] [--frames 632] [--pairs 15]
        [--min-seconds 30]

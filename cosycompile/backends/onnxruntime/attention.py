@@ -3,10 +3,10 @@
 torch's exporter writes ``F.scaled_dot_product_attention`` as Reshape/Transpose per operand, a
 (scaled) MatMul, an Add of the bias, Softmax, a second MatMul and a Transpose/Reshape back. ONNX
 Runtime's offline optimizer leaves that chain as separate kernels, so every [B, heads, T, T] score
-tensor is written and read four times. On the flow estimator at 632 frames that chain is more than
-half of a call on a 2-vCPU CPU. The contrib ``MultiHeadAttention`` kernel does the same arithmetic
-(bias included, so a chunk-causal streaming mask stays exact) one head at a time in cache-sized
-blocks.
+tensor goes through memory three times (scores, biased scores, probabilities). On the flow
+estimator at 632 frames that chain is more than half of a call on a 2-vCPU CPU. The contrib
+``MultiHeadAttention`` kernel does the same arithmetic (bias included, so a chunk-causal streaming
+mask stays exact) one head at a time, so a head's [T, T] scores can stay in cache.
 
 The matcher is strict on purpose: it rewrites only the exact chain, with every intermediate used
 once, and leaves anything else (the flow encoder's relative-position attention, the LLM's cached
