@@ -17,48 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from cosycompile.backends.onnxruntime.graph_index import GraphIndex, splice
+
 _BSNH_TO_BNSH = [0, 2, 1, 3]
 _BSNH_TO_BNHS = [0, 2, 3, 1]
-
-
-class _Graph:
-    """Producer/consumer lookups over one GraphProto."""
-
-    def __init__(self, graph: Any) -> None:
-        from onnx import numpy_helper
-
-        self.graph = graph
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.consumers: dict[str, list[Any]] = {}
-        for n in graph.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
-        self.outputs = {o.name for o in graph.output}
-        self._init = {i.name: i for i in graph.initializer}
-        self._to_array = numpy_helper.to_array
-
-    def const(self, name: str) -> list[int] | None:
-        """An integer initializer (or Constant node output) as a list, else None."""
-        if name in self._init:
-            return [int(v) for v in self._to_array(self._init[name]).reshape(-1)]
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    return [int(v) for v in self._to_array(a.t).reshape(-1)]
-        return None
-
-    def only_consumer(self, name: str) -> Any | None:
-        """The single node reading ``name``, or None when it is read more than once or is a graph output."""
-        users = self.consumers.get(name, [])
-        return users[0] if len(users) == 1 and name not in self.outputs else None
-
-    def from_op(self, name: str, *ops: str) -> Any | None:
-        """The producer of ``name`` when it is one of ``ops`` and ``name`` feeds nothing else."""
-        node = self.producer.get(name)
-        if node is None or node.op_type not in ops or self.only_consumer(name) is None:
-            return None
-        return node
 
 
 def _attr(node: Any, name: str, default: Any) -> Any:
@@ -70,7 +32,7 @@ def _attr(node: Any, name: str, default: Any) -> Any:
     return default
 
 
-def _split_heads(g: _Graph, name: str, perm: list[int]) -> tuple[str, int, int, list[Any]] | None:
+def _split_heads(g: GraphIndex, name: str, perm: list[int]) -> tuple[str, int, int, list[Any]] | None:
     """(the [B, S, N*H] tensor, N, H, nodes) where ``name`` is Transpose(perm) of Reshape to [B, S, N, H]."""
     tr = g.from_op(name, "Transpose")
     if tr is None or list(_attr(tr, "perm", [])) != perm:
@@ -82,7 +44,7 @@ def _split_heads(g: _Graph, name: str, perm: list[int]) -> tuple[str, int, int, 
     return rs.input[0], shape[2], shape[3], [rs, tr]
 
 
-def _scores(g: _Graph, name: str) -> tuple[Any, float] | None:
+def _scores(g: GraphIndex, name: str) -> tuple[Any, float] | None:
     """(the Q.K^T node, its scale) when ``name`` is a plain or scale-fused MatMul with no transposes."""
     mm = g.from_op(name, "MatMul", "FusedMatMul")
     if mm is None:
@@ -94,7 +56,7 @@ def _scores(g: _Graph, name: str) -> tuple[Any, float] | None:
     return mm, float(_attr(mm, "alpha", 1.0))
 
 
-def _bias_is_4d(g: _Graph, name: str) -> bool:
+def _bias_is_4d(g: GraphIndex, name: str) -> bool:
     """Whether the bias is an Unsqueeze on axis 1 (the [B, 1, S, T] the kernel broadcasts over heads)."""
     node = g.producer.get(name)
     if node is None or node.op_type != "Unsqueeze":
@@ -105,7 +67,7 @@ def _bias_is_4d(g: _Graph, name: str) -> bool:
     return list(axes or []) == [1]
 
 
-def _match(g: _Graph, softmax: Any) -> tuple[list[Any], Any] | None:
+def _match(g: GraphIndex, softmax: Any) -> tuple[list[Any], Any] | None:
     """(the nodes to remove, the MultiHeadAttention node replacing them) for one Softmax, or None."""
     from onnx import helper
 
@@ -157,7 +119,7 @@ def fuse_attention(model: Any) -> int:
     """
     from onnx import helper
 
-    g = _Graph(model.graph)
+    g = GraphIndex(model.graph)
     removed: set[int] = set()
     replacement: dict[int, Any] = {}
     for node in list(model.graph.node):
@@ -173,17 +135,10 @@ def fuse_attention(model: Any) -> int:
         replacement[id(nodes[-1])] = fused
     if not replacement:
         return 0
-    before = list(model.graph.node)
-    kept = []
-    for n in before:
-        if id(n) in replacement:
-            kept.append(replacement[id(n)])
-        elif id(n) not in removed:
-            kept.append(n)
-    del model.graph.node[:]
-    model.graph.node.extend(kept)
+    taken = splice(model, removed - set(replacement), {k: [v] for k, v in replacement.items()})
+    kept = list(model.graph.node)
     used = {i for n in kept for i in n.input}
-    orphaned = {i for n in before if id(n) in removed for i in n.input} - used
+    orphaned = {i for n in taken for i in n.input} - used
     dead = [i for i in model.graph.initializer if i.name in orphaned]
     for i in dead:
         model.graph.initializer.remove(i)

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from cosycompile.backends.onnxruntime.graph_index import GraphIndex, splice
+
 _CLAMP = "cosycompile/mish/clamp"
 _TWO = "cosycompile/mish/two"
-
-
-def _only_consumer(consumers: dict[str, list[Any]], outputs: set[str], name: str) -> Any | None:
-    users = consumers.get(name, [])
-    return users[0] if len(users) == 1 and name not in outputs else None
 
 
 def rewrite_mish(model: Any) -> int:
@@ -29,20 +26,16 @@ def rewrite_mish(model: Any) -> int:
     from onnx import TensorProto, helper
 
     graph = model.graph
-    consumers: dict[str, list[Any]] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    outputs = {o.name for o in graph.output}
+    g = GraphIndex(graph)
     replaced: dict[int, list[Any]] = {}
     removed: set[int] = set()
     for sp in graph.node:
         if sp.op_type != "Softplus" or sp.domain not in ("", "ai.onnx"):
             continue
-        th = _only_consumer(consumers, outputs, sp.output[0])
+        th = g.only_consumer(sp.output[0])
         if th is None or th.op_type != "Tanh":
             continue
-        mul = _only_consumer(consumers, outputs, th.output[0])
+        mul = g.only_consumer(th.output[0])
         x = sp.input[0]
         if mul is None or mul.op_type != "Mul" or sorted(mul.input) != sorted([x, th.output[0]]):
             continue
@@ -61,14 +54,7 @@ def rewrite_mish(model: Any) -> int:
         removed.update({id(sp), id(th)})
     if not replaced:
         return 0
-    kept: list[Any] = []
-    for n in list(graph.node):
-        if id(n) in replaced:
-            kept.extend(replaced[id(n)])
-        elif id(n) not in removed:
-            kept.append(n)
-    del graph.node[:]
-    graph.node.extend(kept)
+    splice(model, removed, replaced)
     have = {i.name for i in graph.initializer}
     for name, value in ((_CLAMP, 20.0), (_TWO, 2.0)):
         if name not in have:
