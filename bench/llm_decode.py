@@ -204,7 +204,7 @@ def main() -> int:
             return o[names.output_names[0]], o[names.output_names[1]]
 
         # The static-cache package (GPU targets' engines only) decodes as a CUDA graph.
-        loops = {"growing cache": None, "static cache, CUDA graph": rt.static}
+        loops = {"growing cache": None, "static cache, CUDA graph": rt.kept}
         for batch in batches:
             run_eager = decoder(lambda e, c: eager(e, c), torch, device, batch, args.past, args.tokens, **shape)
             kv = batch * kv_bytes_per_position * (args.past + args.tokens / 2)

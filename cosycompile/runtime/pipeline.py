@@ -56,9 +56,10 @@ class LLMRuntime:
     def __init__(self, runner: Runner, assets: dict[str, np.ndarray], info: dict[str, Any],
                  static: Runner | None = None) -> None:
         self.runner = runner
-        # The static-cache step decodes only where its runner can keep the cache itself (the torch
-        # backend's ``decoder()``); the reference's PyTorch runner has none and keeps ``llm_step``.
-        self.static = static if hasattr(static, "decoder") else None
+        # One-token steps go through a runner that keeps the cache itself (``decoder()``): the torch
+        # backend's static-cache program, or an ONNX Runtime step with per-layer cache tensors. The
+        # reference's PyTorch runner has none and passes the growing cache back into ``llm_step``.
+        self.kept = next((r for r in (static, runner) if hasattr(r, "decoder")), None)
         self.text_embedding = assets["text_embedding"]
         self.speech_embedding = assets["speech_embedding"]
         self.llm_embedding = assets["llm_embedding"]
@@ -110,10 +111,10 @@ class LLMRuntime:
 
     def decoding(self, cache: np.ndarray, max_new: int) -> Callable[[np.ndarray], np.ndarray]:
         """The one-token step that follows a prefill whose present cache is ``cache``: embedding
-        [1, 1, H] in, logits [1, 1, V] out. Over the static-cache step where the engine has one
-        and ``max_new`` more positions fit it, else ``llm_step`` on the growing cache."""
-        if self.static is not None:
-            decoder = self.static.decoder()
+        [1, 1, H] in, logits [1, 1, V] out. Over a decoder that keeps the cache where the engine has
+        one and ``max_new`` more positions fit it, else ``llm_step`` on the growing cache."""
+        if self.kept is not None:
+            decoder = self.kept.decoder()
             if decoder.fits(cache.shape[4] + max_new):
                 decoder.start(cache, max_new)
                 return decoder.step

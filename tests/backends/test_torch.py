@@ -81,11 +81,11 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
     runners = {n: AotiRunner(gd.graph_path(n), g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
                for n, g in gd.graphs.items()}
     rt = LLMRuntime.from_runners(runners, load_assets(engine), gd.info)
-    assert rt.static is runners["llm_step_static"] and rt.static.dims["slots"]["max"] == 4096
+    assert rt.kept is runners["llm_step_static"] and rt.kept.dims["slots"]["max"] == 4096
     text = np.arange(5, 17)
     _, cache = rt.step(rt.prefix(text, Prompt.empty()), rt.empty_cache())
     static_next = rt.decoding(cache, 16)
-    static_only, rt.static = rt.static, None
+    static_only, rt.kept = rt.kept, None
     growing_next = rt.decoding(cache, 16)
     for tok in np.random.default_rng(0).integers(0, rt.speech_token_size, 16):
         emb = rt.speech_embedding[tok][None, None].astype(np.float32)
@@ -94,7 +94,7 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
         assert float(np.abs(a - b).max()) < 1e-4
     greedy = Sampling(mode="greedy", seed=0, max_tokens=40)
     growing = rt.generate(text, Prompt.empty(), greedy)
-    rt.static = static_only
+    rt.kept = static_only
     assert len(growing) > 0 and np.array_equal(rt.generate(text, Prompt.empty(), greedy), growing)
 
 

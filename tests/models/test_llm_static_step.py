@@ -139,15 +139,15 @@ def test_generate_uses_the_static_step_only_where_the_utterance_fits(tiny_models
     from cosycompile.runtime.pipeline import Prompt, Sampling
 
     rt = reference_runtime("llm", tiny_models)
-    assert rt.static is None  # the PyTorch reference runner has no decoder()
+    assert rt.kept is None  # the PyTorch reference runner has no decoder()
     text = np.arange(3, 11)
     greedy = Sampling(mode="greedy", seed=0, max_tokens=30)
     want = rt.generate(text, Prompt.empty(), greedy)
     want_again = rt.generate(np.arange(5, 12), Prompt.empty(), greedy)
-    rt.static = _StaticRunner(tiny_models.llm, max_slots)
+    rt.kept = _StaticRunner(tiny_models.llm, max_slots)
     got = rt.generate(text, Prompt.empty(), greedy)
     again = rt.generate(np.arange(5, 12), Prompt.empty(), greedy)  # a second utterance on the kept decoder
-    assert rt.static.decoders == 1
+    assert rt.kept.decoders == 1
     assert len(want) > 0 and np.array_equal(got, want) and np.array_equal(again, want_again)
     # The step decoding() hands out: the static decoder's where 10 + 30 positions fit, else llm_step's.
     c = tiny_models.llm.cfg

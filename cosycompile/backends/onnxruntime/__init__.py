@@ -2,8 +2,9 @@
 
 Offline optimization moves graph rewriting out of every server's start-up. Levels up to
 'extended' stay portable across x86 CPUs; 'all' adds layout transforms tied to the build CPU,
-which is recorded in the passport. After it, two exact rewrites of our own (``attention.py``,
-``mish.py``) replace chains the optimizer leaves as slow separate kernels.
+which is recorded in the passport. After it, exact rewrites of our own replace what the optimizer
+leaves slow: separate kernels for attention (``attention.py``) and Mish (``mish.py``), and the LLM
+step's stacked cache, which every step copied whole (``kv_cache.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ class Options(BaseModel):
         "extended", description="graph optimizations applied offline and saved; 'all' adds layout changes "
                                 "specific to the build machine's CPU")
     execution_mode: Literal["sequential", "parallel"] = "sequential"
-    rewrites: tuple[Literal["attention", "mish"], ...] = Field(
-        ("attention", "mish"), description="exact graph rewrites applied after the offline optimization (not with "
-                                           "'disable'): 'attention' fuses exported scaled-dot-product attention "
-                                           "into the MultiHeadAttention kernel, 'mish' computes x*tanh(softplus(x)) "
-                                           "without ONNX Runtime's scalar Softplus; [] keeps the optimizer's graph")
+    rewrites: tuple[Literal["attention", "mish", "kv_cache"], ...] = Field(
+        ("attention", "mish", "kv_cache"),
+        description="exact graph rewrites applied after the offline optimization (not with 'disable'): 'attention' "
+                    "fuses exported scaled-dot-product attention into the MultiHeadAttention kernel, 'mish' computes "
+                    "x*tanh(softplus(x)) without ONNX Runtime's scalar Softplus, 'kv_cache' gives the LLM step one "
+                    "cache input and output per layer so a decode step stops copying the whole cache; [] keeps the "
+                    "optimizer's graph")
 
 
 def check_format(stage: str, fmt: str, options: Options, opset: int) -> tuple[str, str] | None:

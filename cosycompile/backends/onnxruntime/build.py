@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from cosycompile.backends.onnxruntime.kv_cache import KeptCacheDecoder, PerLayerCache, layer_names
 from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.host import cpu_flags
@@ -77,11 +78,12 @@ def _rewrite(path: Path, rewrites: tuple[str, ...]) -> dict[str, int]:
     import onnx
 
     from cosycompile.backends.onnxruntime.attention import fuse_attention
+    from cosycompile.backends.onnxruntime.kv_cache import split_kv_cache
     from cosycompile.backends.onnxruntime.mish import rewrite_mish
     from cosycompile.onnx.tools import save_model
 
     model = onnx.load(str(path))
-    passes = {"attention": fuse_attention, "mish": rewrite_mish}
+    passes = {"attention": fuse_attention, "mish": rewrite_mish, "kv_cache": split_kv_cache}
     counts = {r: n for r in rewrites if (n := passes[r](model))}
     if counts:
         save_model(model, path)
@@ -105,6 +107,32 @@ class OrtRunner:
         return dict(zip(self.output_names, outs))
 
 
+class KVCacheRunner(OrtRunner):
+    """A decode-step graph whose cache the ``kv_cache`` rewrite split per layer: ``run`` still takes
+    and returns the stacked cache of its graph spec, and ``decoder()`` keeps the per-layer cache
+    between one-token steps (``LLMRuntime.decoding`` uses it)."""
+
+    def __init__(self, path: Path, threads: int, execution_mode: str, spec_inputs: list[str],
+                 spec_outputs: list[str], layers: int) -> None:
+        super().__init__(path, threads, execution_mode)
+        cache_in = next(n for n in spec_inputs if layer_names(n, 1)[0] in self.input_names)
+        cache_out = next(n for n in spec_outputs if layer_names(n, 1)[0] in self.output_names)
+        (self.embeds_name,) = (n for n in spec_inputs if n != cache_in)
+        (self.logits_name,) = (n for n in spec_outputs if n != cache_out)
+        graph_outputs = self.output_names
+        self.cache = PerLayerCache(lambda f: self.session.run(None, f), graph_outputs, cache_in, cache_out, layers)
+        # What callers see is the graph spec's stacked names, as with every other runner.
+        self.input_names, self.output_names = list(spec_inputs), list(spec_outputs)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.cache.run(feeds)
+
+    def decoder(self) -> KeptCacheDecoder:
+        """A decoder of its own (it holds one utterance's cache): ``start`` with a prefill's present
+        cache, then ``step`` one embedding at a time."""
+        return KeptCacheDecoder(self.cache, self.embeds_name, self.logits_name)
+
+
 def load(engine_dir: Path, threads: int) -> dict[str, OrtRunner]:
     """Runners for every graph of an engine dir; refuses engines this machine cannot run."""
     passport = read_passport(engine_dir)
@@ -116,4 +144,9 @@ def load(engine_dir: Path, threads: int) -> dict[str, OrtRunner]:
         )
     gd = read_graphs_dir(engine_dir)
     mode = passport.get("execution_mode", "sequential")
-    return {name: OrtRunner(gd.graph_path(name), threads, mode) for name in gd.graphs}
+    runners: dict[str, OrtRunner] = {}
+    for name, g in gd.graphs.items():
+        layers = passport.get("rewrites", {}).get(name, {}).get("kv_cache", 0)
+        runners[name] = (KVCacheRunner(gd.graph_path(name), threads, mode, g["inputs"], g["outputs"], layers) if layers
+                         else OrtRunner(gd.graph_path(name), threads, mode))
+    return runners
