@@ -71,6 +71,20 @@ def _cache_slice(ix: GraphIndex, name: str) -> tuple[str, int, int] | None:
     return outer[0], outer[1], inner[1]
 
 
+def _stacked_piece(ix: GraphIndex, piece: str) -> tuple[Any, tuple[str, int, int]] | None:
+    """(the layer's Concat, where its past comes from) when ``piece`` is Unsqueeze(axis 0) of a
+    Concat(past slice, new positions)."""
+    unsq = ix.from_op(piece, "Unsqueeze")
+    if unsq is None:
+        return None
+    axes = ix.const(unsq.input[1]) if len(unsq.input) > 1 else _attr(unsq, "axes")
+    cat = ix.producer.get(unsq.input[0])
+    if axes is None or list(axes) != [0] or cat is None or cat.op_type != "Concat" or len(cat.input) != 2:
+        return None
+    where = _cache_slice(ix, cat.input[0])
+    return (cat, where) if where is not None else None
+
+
 def split_kv_cache(model: Any) -> int:
     """Give ``model``'s stacked cache input and output one tensor per layer and key/value; returns
     the number of layers rewritten (0 when the graph does not have exactly that wiring)."""
@@ -84,20 +98,13 @@ def split_kv_cache(model: Any) -> int:
         stack = ix.producer.get(reshape.input[0]) if reshape is not None and reshape.op_type == "Reshape" else None
         if stack is None or stack.op_type != "Concat" or _attr(stack, "axis") != 0:
             continue
-        # Each stacked piece: Unsqueeze(axis 0) of one layer's Concat(past slice, new positions).
-        concats, source = [], None
-        for j, piece in enumerate(stack.input):
-            unsq = ix.from_op(piece, "Unsqueeze")
-            axes = (ix.const(unsq.input[1]) if len(unsq.input) > 1 else _attr(unsq, "axes")) if unsq else None
-            cat = ix.producer.get(unsq.input[0]) if unsq is not None and axes is not None and list(axes) == [0] else None
-            where = _cache_slice(ix, cat.input[0]) if cat is not None and cat.op_type == "Concat" and len(cat.input) == 2 else None
-            if where is None or where[1:] != divmod(j, 2) or (source is not None and where[0] != source):
-                break
-            source = where[0]
-            concats.append(cat)
-        else:
-            if source in inputs and len(concats) % 2 == 0 and concats:
-                return _rewire(model, ix, inputs[source], out, concats, TensorProto, helper, numpy_helper)
+        pieces = [_stacked_piece(ix, p) for p in stack.input]
+        # Piece j must read input[j // 2, j % 2] of one stacked input: the order the names promise.
+        sources = {p[1][0] for p in pieces if p is not None}
+        if (pieces and len(pieces) % 2 == 0 and len(sources) == 1 and sources <= inputs.keys()
+                and all(p is not None and p[1][1:] == divmod(j, 2) for j, p in enumerate(pieces))):
+            return _rewire(model, ix, inputs[sources.pop()], out, [p[0] for p in pieces if p is not None],
+                           TensorProto, helper, numpy_helper)
     return 0
 
 
