@@ -119,3 +119,15 @@ def test_a_cache_wired_otherwise_is_left_alone(engines: dict[str, Path]) -> None
     assert [i.name for i in model.graph.input] == LLM_STEP.input_names
     # The unchanged graph is rewritten (the refusal above is the swap's doing).
     assert split_kv_cache(onnx.load(str(engines["plain"] / "llm_step.onnx"))) > 0
+
+
+def test_a_cache_read_elsewhere_is_left_alone(engines: dict[str, Path]) -> None:
+    """A reader of the stacked cache other than its slices and Shape would lose its input if the
+    input went away: the rewrite must refuse rather than build a graph ONNX Runtime rejects."""
+    from onnx import helper
+
+    model = onnx.load(str(engines["plain"] / "llm_step.onnx"))
+    model.graph.node.append(helper.make_node("ReduceMax", ["past_key_values"], ["cache_max"], keepdims=0))
+    model.graph.output.append(helper.make_tensor_value_info("cache_max", onnx.TensorProto.FLOAT, []))
+    assert split_kv_cache(model) == 0
+    assert "past_key_values" in [i.name for i in model.graph.input]

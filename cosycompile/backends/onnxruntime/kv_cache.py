@@ -88,8 +88,6 @@ def _stacked_piece(ix: GraphIndex, piece: str) -> tuple[Any, tuple[str, int, int
 def split_kv_cache(model: Any) -> int:
     """Give ``model``'s stacked cache input and output one tensor per layer and key/value; returns
     the number of layers rewritten (0 when the graph does not have exactly that wiring)."""
-    from onnx import TensorProto, helper, numpy_helper
-
     g = model.graph
     ix = GraphIndex(g)
     inputs = {i.name: i for i in g.input}
@@ -103,17 +101,36 @@ def split_kv_cache(model: Any) -> int:
         sources = {p[1][0] for p in pieces if p is not None}
         if (pieces and len(pieces) % 2 == 0 and len(sources) == 1 and sources <= inputs.keys()
                 and all(p is not None and p[1][1:] == divmod(j, 2) for j, p in enumerate(pieces))):
-            return _rewire(model, ix, inputs[sources.pop()], out, [p[0] for p in pieces if p is not None],
-                           TensorProto, helper, numpy_helper)
+            return _rewire(model, ix, inputs[sources.pop()], out, [p[0] for p in pieces if p is not None])
     return 0
 
 
-def _rewire(model: Any, ix: GraphIndex, past: Any, present: Any, concats: list[Any],
-            TensorProto: Any, helper: Any, numpy_helper: Any) -> int:
+def _only_sliced(ix: GraphIndex, past: str, concats: list[Any]) -> bool:
+    """Whether ``past`` feeds nothing but Shape and the slices that end as the per-layer Concats'
+    first input: otherwise removing it would leave a reader without its input."""
+    ends = {id(c) for c in concats}
+    todo = [past]
+    while todo:
+        tensor = todo.pop()
+        for user in ix.consumers.get(tensor, []):
+            if tensor == past and user.op_type == "Shape":
+                continue
+            if user.input[0] != tensor or tensor in user.input[1:]:
+                return False
+            if id(user) not in ends:
+                if user.op_type not in ("Split", "Squeeze", "Gather"):
+                    return False
+                todo.extend(user.output)
+    return True
+
+
+def _rewire(model: Any, ix: GraphIndex, past: Any, present: Any, concats: list[Any]) -> int:
+    from onnx import helper, numpy_helper
+
     g = model.graph
     layers = len(concats) // 2
     dims = [d.dim_value or d.dim_param for d in past.type.tensor_type.shape.dim]
-    if len(dims) != 6 or dims[0] != layers or dims[1] != 2:
+    if len(dims) != 6 or dims[0] != layers or dims[1] != 2 or not _only_sliced(ix, past.name, concats):
         return 0
     # Besides the slices, the stacked input may only feed Shape (the step reads the past length).
     shapes = [n for n in ix.consumers.get(past.name, []) if n.op_type == "Shape"]
@@ -181,7 +198,6 @@ class PerLayerCache:
         self.output_names = output_names
         self.cache_in, self.cache_out, self.layers = cache_in, cache_out, layers
         self.in_names = layer_names(cache_in, layers)
-        self.out_names = set(layer_names(cache_out, layers))
 
     def feeds(self, feeds: dict[str, np.ndarray], cache: list[np.ndarray]) -> dict[str, np.ndarray]:
         out = {k: v for k, v in feeds.items() if k != self.cache_in}
