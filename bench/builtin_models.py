@@ -77,6 +77,20 @@ def build_steps(recipe_body: dict[str, Any], name: str, steps: list[str], artifa
     return {s: result.entries[s].data for s in steps}
 
 
+def rewrite_variants(recipe: Path, model: str, artifacts: Path, stage: str, variants: dict[str, list[str]],
+                     tag: str) -> dict[str, Path]:
+    """``recipe``'s ``stage`` engine built once for each set of the ONNX Runtime backend's rewrites in
+    ``variants`` (the other stages are not built), by variant name."""
+    others = {s: {"enabled": False} for s in ("llm", "flow", "hift") if s != stage}
+    out = {}
+    for name, rewrites in variants.items():
+        body = {"extends": str(recipe.resolve()), "model": model,
+                "stages": {**others, stage: {"engine": {"backend": "onnxruntime", "options": {"rewrites": rewrites}}}}}
+        out[name] = build_steps(body, f"bench-{tag}-{recipe.stem}-{name}", [f"{stage}.engine"],
+                                artifacts)[f"{stage}.engine"]
+    return out
+
+
 def estimator_inputs(rng: Any, frames: int) -> dict[str, Any]:
     """One flow-estimator call's inputs at ``frames`` frames, batch 2 (CFG), drawn from ``rng``: x, an
     all-ones mask, mu, t = 0.5, spks, cond, keyed by the graph spec's input names."""

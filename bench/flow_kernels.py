@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from builtin_models import add_min_seconds, build_steps, estimator_inputs, machine, machine_probes
+from builtin_models import add_min_seconds, estimator_inputs, machine, machine_probes, rewrite_variants
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -77,18 +77,6 @@ def attention_graphs(batch: int, frames: int) -> tuple[Any, Any]:
                                             domain="com.microsoft", num_heads=HEADS)], "mha", ins, out),
         opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
     return unfused, mha
-
-
-def rewrite_engines(recipe: Path, model: str, artifacts: Path) -> dict[str, Path]:
-    """The flow engine of ``recipe`` built with each set of the ONNX Runtime backend's rewrites."""
-    out = {}
-    for name, rewrites in REWRITE_SETS.items():
-        body = {"extends": str(recipe.resolve()), "model": model,
-                "stages": {"llm": {"enabled": False}, "hift": {"enabled": False},
-                           "flow": {"engine": {"backend": "onnxruntime", "options": {"rewrites": rewrites}}}}}
-        out[name] = build_steps(body, f"bench-flow-rewrites-{recipe.stem}-{name}", ["flow.engine"],
-                                artifacts)["flow.engine"]
-    return out
 
 
 def main() -> int:
@@ -141,7 +129,7 @@ def main() -> int:
                          "speedup": r.ratio, "spread": r.spread, "pairs": r.pairs,
                          "max_abs_error": float(np.abs(got - want).max())})
 
-    engines = rewrite_engines(Path(args.recipe), args.model, art)
+    engines = rewrite_variants(Path(args.recipe), args.model, art, "flow", REWRITE_SETS, "flow-rewrites")
     sessions = {n: ort_session(str(read_graphs_dir(e).graph_path("flow_estimator")), args.threads, "disable")
                 for n, e in engines.items()}
     est = estimator_inputs(rng, T)

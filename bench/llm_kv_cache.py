@@ -24,23 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from builtin_models import add_min_seconds, build_steps, machine
+from builtin_models import add_min_seconds, machine, rewrite_variants
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 VARIANTS = {"stacked": ["attention", "mish"], "per-layer": ["attention", "mish", "kv_cache"]}
-
-
-def llm_engines(recipe: Path, model: str, artifacts: Path) -> dict[str, Path]:
-    """``recipe``'s LLM engine built with each variant's rewrites (the flow and HiFT are not built)."""
-    out = {}
-    for name, rewrites in VARIANTS.items():
-        body = {"extends": str(recipe.resolve()), "model": model,
-                "stages": {"flow": {"enabled": False}, "hift": {"enabled": False},
-                           "llm": {"engine": {"backend": "onnxruntime", "options": {"rewrites": rewrites}}}}}
-        out[name] = build_steps(body, f"bench-llm-kv-{recipe.stem}-{name}", ["llm.engine"], artifacts)["llm.engine"]
-    return out
 
 
 def main() -> int:
@@ -59,7 +48,7 @@ def main() -> int:
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.validate.speed import paired_ratio
 
-    engines = llm_engines(Path(args.recipe), args.model, art)
+    engines = rewrite_variants(Path(args.recipe), args.model, art, "llm", VARIANTS, "llm-kv")
     rts = {name: stage_runtime("llm", path, args.threads) for name, path in engines.items()}
     stacked, per_layer = rts["stacked"], rts["per-layer"]
     if per_layer.kept is None:
