@@ -60,7 +60,7 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
     import numpy as np
 
     from cosycompile.backends.torch import Options
-    from cosycompile.backends.torch.build import AotiRunner, build
+    from cosycompile.backends.torch.build import AotiRunner, StaticStepRunner, build
     from cosycompile.recipe.targets import TARGETS
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.runtime.loading import load_assets
@@ -78,10 +78,12 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
     engine.mkdir()
     build(programs, Options(), TARGETS["cpu"], engine)
     gd = read_graphs_dir(engine)
-    runners = {n: AotiRunner(gd.graph_path(n), g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
+    runners = {n: (StaticStepRunner if n == "llm_step_static" else AotiRunner)(
+                   gd.graph_path(n), g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
                for n, g in gd.graphs.items()}
     rt = LLMRuntime.from_runners(runners, load_assets(engine), gd.info)
     assert rt.kept is runners["llm_step_static"] and rt.kept.dims["slots"]["max"] == 4096
+    assert not hasattr(runners["llm_step"], "decoder")  # a growing-cache program keeps no cache of its own
     text = np.arange(5, 17)
     _, cache = rt.step(rt.prefix(text, Prompt.empty()), rt.empty_cache())
     static_next = rt.decoding(cache, 16)

@@ -123,7 +123,6 @@ class AotiRunner:
         self.input_names, self.output_names, self.device = input_names, output_names, device
         self.dims = dims or {}  # the graph spec's dynamic dims: {name: {min, opt, max}}
         self._model = torch._inductor.aoti_load_package(str(path))
-        self._decoders: Any = None
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
@@ -140,10 +139,20 @@ class AotiRunner:
             outs = tuple(o.float().cpu().numpy() if o.is_floating_point() else o.cpu().numpy() for o in outs)
         return dict(zip(self.output_names, outs))
 
+
+
+class StaticStepRunner(AotiRunner):
+    """The runner of an ``llm_step_static`` package: a Runner, and the source of decoders that keep
+    the cache on the device (``LLMRuntime.decoding`` takes one from any runner with ``decoder()``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._decoders: Any = None
+
     def decoder(self) -> Any:
         """This thread's :class:`~cosycompile.backends.torch.static_decode.StaticCacheDecoder` over this
-        package (an ``llm_step_static`` program), replayed as a CUDA graph on a GPU; the same one on
-        every call, so that utterances of similar length replay one capture."""
+        package, replayed as a CUDA graph on a GPU; the same one on every call, so that utterances of
+        similar length replay one capture."""
         from cosycompile.backends.torch.static_decode import DecoderPerThread, StaticCacheDecoder
 
         if self._decoders is None:
@@ -165,6 +174,10 @@ def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
         torch.set_num_threads(threads)
     elif not torch.cuda.is_available():
         raise BackendUnavailable(f"{engine_dir}: a CUDA package and this PyTorch sees no CUDA device")
+    from cosycompile.stages.llm import LLM_STEP_STATIC
+
     gd = read_graphs_dir(engine_dir)
-    return {name: AotiRunner(gd.graph_path(name), g["inputs"], g["outputs"], device, (g.get("spec") or {}).get("dims"))
+    # Only the static-cache program decodes with a cache of its own; llm_step's runner must not offer to.
+    return {name: (StaticStepRunner if name == LLM_STEP_STATIC.name else AotiRunner)(
+                gd.graph_path(name), g["inputs"], g["outputs"], device, (g.get("spec") or {}).get("dims"))
             for name, g in gd.graphs.items()}
