@@ -44,6 +44,7 @@ def main() -> int:
 
     import onnxruntime as ort
 
+    from cosycompile.backends.onnxruntime.kv_cache import layer_names
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.runtime.loading import stage_runtime
 
@@ -76,8 +77,8 @@ def main() -> int:
             if "past_key_values" in names:
                 feeds["past_key_values"] = cache
             else:
-                feeds.update({f"past_key_values.{i}.{kv}": np.ascontiguousarray(cache[i, j])
-                              for i in range(rt.num_layers) for j, kv in enumerate("kv")})
+                views = [np.ascontiguousarray(cache[i, j]) for i in range(rt.num_layers) for j in range(2)]
+                feeds.update(zip(layer_names("past_key_values", rt.num_layers), views))
             for _ in range(args.steps):
                 sess.run(None, feeds)
             events = json.loads(Path(sess.end_profiling()).read_text())

@@ -17,25 +17,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from cosycompile.backends.onnxruntime.graph_index import GraphIndex, splice
+from cosycompile.backends.onnxruntime.graph_index import GraphIndex, attr, splice
 
 _BSNH_TO_BNSH = [0, 2, 1, 3]
 _BSNH_TO_BNHS = [0, 2, 3, 1]
 
 
-def _attr(node: Any, name: str, default: Any) -> Any:
-    from onnx import helper
-
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
 def _split_heads(g: GraphIndex, name: str, perm: list[int]) -> tuple[str, int, int, list[Any]] | None:
     """(the [B, S, N*H] tensor, N, H, nodes) where ``name`` is Transpose(perm) of Reshape to [B, S, N, H]."""
     tr = g.from_op(name, "Transpose")
-    if tr is None or list(_attr(tr, "perm", [])) != perm:
+    if tr is None or list(attr(tr, "perm", [])) != perm:
         return None
     rs = g.from_op(tr.input[0], "Reshape")
     shape = g.const(rs.input[1]) if rs is not None else None
@@ -51,9 +42,9 @@ def _scores(g: GraphIndex, name: str) -> tuple[Any, float] | None:
         return None
     if mm.op_type == "MatMul":
         return mm, 1.0
-    if any(_attr(mm, a, 0) for a in ("transA", "transB", "transBatchA", "transBatchB")):
+    if any(attr(mm, a, 0) for a in ("transA", "transB", "transBatchA", "transBatchB")):
         return None
-    return mm, float(_attr(mm, "alpha", 1.0))
+    return mm, float(attr(mm, "alpha", 1.0))
 
 
 def _bias_is_4d(g: GraphIndex, name: str) -> bool:
@@ -61,17 +52,14 @@ def _bias_is_4d(g: GraphIndex, name: str) -> bool:
     node = g.producer.get(name)
     if node is None or node.op_type != "Unsqueeze":
         return False
-    axes = _attr(node, "axes", None)
-    if axes is None and len(node.input) > 1:
-        axes = g.const(node.input[1])
-    return list(axes or []) == [1]
+    return g.axes(node) == [1]
 
 
 def _match(g: GraphIndex, softmax: Any) -> tuple[list[Any], Any] | None:
     """(the nodes to remove, the MultiHeadAttention node replacing them) for one Softmax, or None."""
     from onnx import helper
 
-    if _attr(softmax, "axis", -1) not in (-1, 3):
+    if attr(softmax, "axis", -1) not in (-1, 3):
         return None
     bias = ""
     pre = g.from_op(softmax.input[0], "Add")
@@ -97,7 +85,7 @@ def _match(g: GraphIndex, softmax: Any) -> tuple[list[Any], Any] | None:
         return None
     v = _split_heads(g, mm2.input[1], _BSNH_TO_BNSH)
     back = g.only_consumer(mm2.output[0])
-    if v is None or back is None or back.op_type != "Transpose" or list(_attr(back, "perm", [])) != _BSNH_TO_BNSH:
+    if v is None or back is None or back.op_type != "Transpose" or list(attr(back, "perm", [])) != _BSNH_TO_BNSH:
         return None
     merge = g.only_consumer(back.output[0])
     out_shape = g.const(merge.input[1]) if merge is not None and merge.op_type == "Reshape" else None

@@ -5,6 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 
+def attr(node: Any, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name``, else ``default``."""
+    from onnx import helper
+
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
 class GraphIndex:
     """Producer/consumer lookups over one GraphProto."""
 
@@ -31,6 +41,17 @@ class GraphIndex:
                 if a.name == "value":
                     return [int(v) for v in self._to_array(a.t).reshape(-1)]
         return None
+
+    def initializer(self, name: str) -> Any | None:
+        """The initializer called ``name`` (a TensorProto), else None."""
+        return self._init.get(name)
+
+    def axes(self, node: Any) -> list[int] | None:
+        """The axes of a Squeeze/Unsqueeze: its attribute (opset < 13) or its constant second input."""
+        axes = attr(node, "axes")
+        if axes is None and len(node.input) > 1:
+            axes = self.const(node.input[1])
+        return None if axes is None else list(axes)
 
     def only_consumer(self, name: str) -> Any | None:
         """The single node reading ``name``, or None when it is read more than once or is a graph output."""
@@ -59,3 +80,28 @@ def splice(model: Any, removed: set[int], replacement: dict[int, list[Any]]) -> 
     del model.graph.node[:]
     model.graph.node.extend(kept)
     return [n for n in before if id(n) in removed or id(n) in replacement]
+
+
+def _reads(node: Any) -> set[str]:
+    """Names ``node`` reads, those its subgraphs (If/Loop bodies) read from the outer scope included."""
+    names = {i for i in node.input if i}
+    for a in node.attribute:
+        for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            for n in sub.node:
+                names |= _reads(n)
+    return names
+
+
+def drop_unreachable(graph: Any) -> None:
+    """Remove the nodes and initializers no graph output depends on."""
+    needed = {o.name for o in graph.output}
+    keep = []
+    for n in reversed(list(graph.node)):
+        if any(o in needed for o in n.output):
+            keep.append(n)
+            needed |= _reads(n)
+    del graph.node[:]
+    graph.node.extend(reversed(keep))
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)

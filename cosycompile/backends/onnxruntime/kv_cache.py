@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from cosycompile.backends.onnxruntime.graph_index import GraphIndex
+from cosycompile.backends.onnxruntime.graph_index import GraphIndex, attr, drop_unreachable
 
 KV = ("k", "v")
 
@@ -28,35 +28,26 @@ def layer_names(name: str, layers: int) -> list[str]:
     return [f"{name}.{i}.{kv}" for i in range(layers) for kv in KV]
 
 
-def _attr(node: Any, key: str) -> Any:
-    from onnx import helper
-
-    for a in node.attribute:
-        if a.name == key:
-            return helper.get_attribute_value(a)
-    return None
-
-
 def _axis0_index(ix: GraphIndex, name: str) -> tuple[str, int] | None:
     """(source, i) when ``name`` is ``source[i]`` taken on axis 0 by a scalar Gather, or by a Split
     into size-1 pieces followed by a Squeeze of axis 0."""
     node = ix.producer.get(name)
     if node is None:
         return None
-    if node.op_type == "Gather" and (_attr(node, "axis") or 0) == 0:
+    if node.op_type == "Gather" and attr(node, "axis", 0) == 0:
         idx = ix.const(node.input[1])
-        tensor = next((t for t in ix.graph.initializer if t.name == node.input[1]), None)
+        tensor = ix.initializer(node.input[1])
+        # A scalar index drops the axis, as the Squeeze after a Split does; a [1] index keeps it.
         if idx is not None and len(idx) == 1 and tensor is not None and len(tensor.dims) == 0:
             return node.input[0], idx[0]
         return None
     if node.op_type != "Squeeze":
         return None
-    axes = ix.const(node.input[1]) if len(node.input) > 1 else _attr(node, "axes")
     split = ix.producer.get(node.input[0])
-    if axes is None or list(axes) != [0] or split is None or split.op_type != "Split" or (_attr(split, "axis") or 0) != 0:
+    if ix.axes(node) != [0] or split is None or split.op_type != "Split" or attr(split, "axis", 0) != 0:
         return None
     k = list(split.output).index(node.input[0])
-    sizes = ix.const(split.input[1]) if len(split.input) > 1 and split.input[1] else _attr(split, "split")
+    sizes = ix.const(split.input[1]) if len(split.input) > 1 and split.input[1] else attr(split, "split")
     if sizes is None or sizes[k] != 1:
         return None
     return split.input[0], sum(sizes[:k])
@@ -77,9 +68,8 @@ def _stacked_piece(ix: GraphIndex, piece: str) -> tuple[Any, tuple[str, int, int
     unsq = ix.from_op(piece, "Unsqueeze")
     if unsq is None:
         return None
-    axes = ix.const(unsq.input[1]) if len(unsq.input) > 1 else _attr(unsq, "axes")
     cat = ix.producer.get(unsq.input[0])
-    if axes is None or list(axes) != [0] or cat is None or cat.op_type != "Concat" or len(cat.input) != 2:
+    if ix.axes(unsq) != [0] or cat is None or cat.op_type != "Concat" or len(cat.input) != 2:
         return None
     where = _cache_slice(ix, cat.input[0])
     return (cat, where) if where is not None else None
@@ -94,7 +84,7 @@ def split_kv_cache(model: Any) -> int:
     for out in list(g.output):
         reshape = ix.producer.get(out.name)
         stack = ix.producer.get(reshape.input[0]) if reshape is not None and reshape.op_type == "Reshape" else None
-        if stack is None or stack.op_type != "Concat" or _attr(stack, "axis") != 0:
+        if stack is None or stack.op_type != "Concat" or attr(stack, "axis") != 0:
             continue
         pieces = [_stacked_piece(ix, p) for p in stack.input]
         # Piece j must read input[j // 2, j % 2] of one stacked input: the order the names promise.
@@ -134,7 +124,7 @@ def _rewire(model: Any, ix: GraphIndex, past: Any, present: Any, concats: list[A
         return 0
     # Besides the slices, the stacked input may only feed Shape (the step reads the past length).
     shapes = [n for n in ix.consumers.get(past.name, []) if n.op_type == "Shape"]
-    if any(_attr(n, "start") not in (None, 0) or _attr(n, "end") is not None for n in shapes):
+    if any(attr(n, "start") not in (None, 0) or attr(n, "end") is not None for n in shapes):
         return 0
     in_names, out_names = layer_names(past.name, layers), layer_names(present.name, layers)
     elem = past.type.tensor_type.elem_type
@@ -165,23 +155,8 @@ def _rewire(model: Any, ix: GraphIndex, past: Any, present: Any, concats: list[A
     g.output.remove(present)
     for k, n in enumerate(out_names):
         g.output.insert(pos + k, helper.make_tensor_value_info(n, elem, dims[2:4] + ["total"] + dims[5:]))
-    _drop_dead(g)
+    drop_unreachable(g)
     return layers
-
-
-def _drop_dead(g: Any) -> None:
-    """Remove nodes and initializers no graph output depends on (the split tree and the final stack)."""
-    needed = {o.name for o in g.output}
-    keep = []
-    for n in reversed(list(g.node)):
-        if any(o in needed for o in n.output):
-            keep.append(n)
-            needed.update(i for i in n.input if i)
-    del g.node[:]
-    g.node.extend(reversed(keep))
-    inits = [t for t in g.initializer if t.name in needed]
-    del g.initializer[:]
-    g.initializer.extend(inits)
 
 
 class PerLayerCache:
@@ -198,6 +173,7 @@ class PerLayerCache:
         self.output_names = output_names
         self.cache_in, self.cache_out, self.layers = cache_in, cache_out, layers
         self.in_names = layer_names(cache_in, layers)
+        self.out_names = layer_names(cache_out, layers)
 
     def feeds(self, feeds: dict[str, np.ndarray], cache: list[np.ndarray]) -> dict[str, np.ndarray]:
         out = {k: v for k, v in feeds.items() if k != self.cache_in}
@@ -211,7 +187,7 @@ class PerLayerCache:
     def call(self, feeds: dict[str, np.ndarray], cache: list[np.ndarray]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
         """The graph's other outputs by name, and the new per-layer cache."""
         outs = dict(zip(self.output_names, self._run(self.feeds(feeds, cache))))
-        present = [outs.pop(n) for n in layer_names(self.cache_out, self.layers)]
+        present = [outs.pop(n) for n in self.out_names]
         return outs, present
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

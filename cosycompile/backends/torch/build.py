@@ -140,7 +140,6 @@ class AotiRunner:
         return dict(zip(self.output_names, outs))
 
 
-
 class StaticStepRunner(AotiRunner):
     """The runner of an ``llm_step_static`` package: a Runner, and the source of decoders that keep
     the cache on the device (``LLMRuntime.decoding`` takes one from any runner with ``decoder()``)."""
