@@ -223,10 +223,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:random-0.5b")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti")
+    ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti",
+                    help="in this order; format=NAME times one format where it stands in the list")
     ap.add_argument("--formats", default="fp8,bf16-fused,int8,bf16-tuned",
-                    help="phase formats, in this order: fp8 and int8 linears, bf16-fused (q/k/v and gate/up "
-                         "merged), bf16-tuned (Inductor's coordinate-descent tuning of its kernels)")
+                    help="the formats phase's formats, in this order: a linear format (bf16; fp8 and int8 as the "
+                         "torch_dynamic quantizer writes them) and modifiers joined by '-': fused (q/k/v and "
+                         "gate/up merged), tuned (Inductor's coordinate-descent tuning of its kernels); "
+                         "e.g. fp8-fused-tuned")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
@@ -347,15 +350,14 @@ def main() -> int:
         return {"events": kind, "kernels": len(events), "kernel_ms": sum(sum(v) for v in by_name.values()),
                 "top": [{"name": k[:80], "count": len(v), "ms": sum(v)} for k, v in top]}
 
-    def compiled_step(module: Any, fused: bool = False) -> tuple[Any, float]:
-        """The static step of ``module`` under torch.compile, compiled now (its first call)."""
-        step = torch.compile((fused_step(torch, module) if fused else LLMStaticStep(module)).eval(), fullgraph=True,
-                             dynamic=False)
+    def compiled_step(step: Any) -> tuple[Any, float]:
+        """``step`` (a BF16 static step, its linears maybe quantized) under torch.compile, compiled now."""
+        step = torch.compile(step.eval(), fullgraph=True, dynamic=False)
         t0 = time.perf_counter()
         dec = StaticCacheDecoder(step, device, cuda_graph=False)
         with torch.inference_mode():
-            dec.start(present.to(next(module.parameters()).dtype), 1)
-            dec.step(follow[0].to(next(module.parameters()).dtype))
+            dec.start(present.to(torch.bfloat16), 1)
+            dec.step(follow[0].to(torch.bfloat16))
         sync(torch, device)
         return step, time.perf_counter() - t0
 
@@ -363,22 +365,30 @@ def main() -> int:
     compiled: dict[str, Any] = {}
 
     def compiled_format(fmt: str) -> None:
-        if fmt == "fp8" and not gpu:
-            out["skipped"].append("fp8: torch._scaled_mm is an emulation on a CPU")
+        """One decode row for ``fmt``: a linear format (bf16, fp8, int8), then modifiers joined by '-':
+        ``fused`` (q/k/v and gate/up merged before quantizing) and ``tuned`` (Inductor's coordinate-descent
+        search of its kernels' launch configurations, gpt-fast's setting)."""
+        linear, *mods = fmt.split("-")
+        if linear not in ("bf16", "fp8", "int8") or set(mods) - {"fused", "tuned"}:
+            raise SystemExit(f"unknown format '{fmt}' (bf16, fp8 or int8, then -fused and/or -tuned)")
+        if linear == "fp8" and not gpu:
+            out["skipped"].append(f"{fmt}: torch._scaled_mm is an emulation on a CPU")
             return
-        module = bf16 if fmt.startswith("bf16") else copy.deepcopy(bf16)
-        n = 0 if module is bf16 else quantize_linears(torch, module, fmt)
-        # bf16-tuned: Inductor searches each generated kernel's launch configuration (gpt-fast's setting).
-        with torch._inductor.config.patch(coordinate_descent_tuning=fmt == "bf16-tuned"):
-            step, compile_s = compiled_step(module, fused=fmt == "bf16-fused")
+        if "fused" in mods:
+            step = fused_step(torch, bf16)  # a copy with merged matrices
+        else:
+            step = LLMStaticStep(bf16 if linear == "bf16" else copy.deepcopy(bf16))
+        n = 0 if linear == "bf16" else quantize_linears(torch, step, linear)
+        with torch._inductor.config.patch(coordinate_descent_tuning="tuned" in mods):
+            step, compile_s = compiled_step(step)
         compiled[fmt] = step
-        decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, module, 1,
-                   torch.bfloat16, compile_s)
+        decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step,
+                   step._orig_mod.lm if hasattr(step, "_orig_mod") else bf16, 1, torch.bfloat16, compile_s)
 
     # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
     need = {"decode": 80, "pipeline": 100, "formats": 45, "batch8": 45, "aoti": 200}
     for phase in phases:
-        if left() < need.get(phase, 60):
+        if left() < need.get(phase.split("=")[0].replace("format", "formats"), 60):
             out["skipped"].append(f"{phase}: {left():.0f} s left")
             save()
             print(f"SKIP {phase}: {left():.0f} s left", flush=True)
@@ -390,8 +400,10 @@ def main() -> int:
             compiled_format("bf16")
         elif phase == "pipeline":
             if "bf16" not in compiled:
-                compiled["bf16"] = compiled_step(bf16)[0]
+                compiled["bf16"] = compiled_step(LLMStaticStep(bf16))[0]
             out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled["bf16"], args)
+        elif phase.startswith("format="):
+            compiled_format(phase.split("=", 1)[1])
         elif phase == "formats":
             for fmt in (f for f in args.formats.split(",") if f not in compiled):
                 if left() < need["formats"]:
@@ -399,7 +411,7 @@ def main() -> int:
                     continue
                 compiled_format(fmt)
         elif phase == "batch8":
-            step = compiled["bf16"] if "bf16" in compiled else compiled_step(bf16)[0]
+            step = compiled["bf16"] if "bf16" in compiled else compiled_step(LLMStaticStep(bf16))[0]
             t0 = time.perf_counter()
             warm = decoder(None, torch, device, 8, args.past, 1, **shape, dtype=torch.bfloat16,
                            static=StaticCacheDecoder(step, device, cuda_graph=False))
@@ -411,7 +423,7 @@ def main() -> int:
             decode_row("bf16", loop_name + ", AOTInductor package", pkg, bf16, 1, torch.bfloat16,
                        time.perf_counter() - t0)
         else:
-            raise SystemExit(f"unknown phase '{phase}' (known: decode, pipeline, formats, batch8, aoti)")
+            raise SystemExit(f"unknown phase '{phase}' (known: decode, pipeline, formats, format=NAME, batch8, aoti)")
         out.setdefault("phase_seconds", {})[phase] = time.perf_counter() - t_phase
         save()
     save()
