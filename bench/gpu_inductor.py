@@ -19,8 +19,9 @@ each written to the JSON as soon as it ends, so a call stopped at its limit keep
   bench/pipeline_speed.py reports it;
 - ``formats``: the compiled step in each of ``--formats`` (fp8, int8: the BF16 step whose linears go
   through ``torch._scaled_mm`` / ``torch._int_mm`` as the ``torch_dynamic`` quantizer writes them;
-  bf16-fused: q/k/v and gate/up merged into one matrix each; bf16-tuned: Inductor's coordinate-descent
-  search of its kernels' launch configurations);
+  a ``-tuned`` suffix: Inductor's coordinate-descent search of its kernels' launch configurations).
+  The step reads q/k/v and gate/up as one matrix each, as ``LLMStaticStep`` does since the H100 lease
+  of 2026-11-27 (commit 026b594 measured them apart as ``bf16`` and merged as ``bf16-fused``);
 - ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
   package (what the torch backend builds), if time is left.
 
@@ -171,51 +172,9 @@ def quantize_linears(torch: Any, module: Any, fmt: str) -> int:
     return done
 
 
-def fused_step(torch: Any, lm: Any) -> Any:
-    """The static step with each layer's q/k/v projections read as one matrix and gate/up as another:
-    at batch 1 a GEMV costs a kernel launch's latency more than its bytes, so fewer and larger ones
-    (7 -> 4 a layer) measure how much of the step's time is kernel count. Same arithmetic, same weights."""
-    from cosycompile.models.qwen2lm import LLMStaticStep, _rotate_half
-
-    def merged(*lins: Any) -> Any:
-        out = torch.nn.Linear(lins[0].in_features, sum(x.out_features for x in lins),
-                              bias=lins[0].bias is not None, device=lins[0].weight.device, dtype=lins[0].weight.dtype)
-        with torch.no_grad():
-            out.weight.copy_(torch.cat([x.weight for x in lins]))
-            if out.bias is not None:
-                out.bias.copy_(torch.cat([x.bias for x in lins]))
-        return out
-
-    class FusedStaticStep(LLMStaticStep):
-        def _project(self, layer: Any, h: Any, cos: Any, sin: Any, B: Any, S: Any) -> Any:
-            q, k, v = layer.self_attn.qkv_proj(layer.input_layernorm(h)).split(
-                [self.num_heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim], -1)
-            q = q.view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-            k = k.view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = v.view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-            half = self.head_dim // 2
-            return q * cos + _rotate_half(q, half) * sin, k * cos + _rotate_half(k, half) * sin, v
-
-        def _finish(self, layer: Any, h: Any, ctx: Any, B: Any, S: Any) -> Any:
-            h = h + layer.self_attn.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
-            mlp = layer.mlp
-            gate, up = mlp.gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
-            return h + mlp.down_proj(mlp.act_fn(gate) * up)
-
-    lm = copy.deepcopy(lm)
-    for layer in lm.qwen.model.layers:
-        a, m = layer.self_attn, layer.mlp
-        a.qkv_proj = merged(a.q_proj, a.k_proj, a.v_proj)
-        m.gate_up_proj = merged(m.gate_proj, m.up_proj)
-        del a.q_proj, a.k_proj, a.v_proj, m.gate_proj, m.up_proj
-    return FusedStaticStep(lm)
-
-
-def weight_bytes(torch: Any, lm: Any) -> int:
-    """Bytes of the parameters and buffers a step of ``lm`` reads: all but the embedding tables (the
-    step takes embeddings as input)."""
-    tables = {id(lm.qwen.model.embed_tokens.weight), id(lm.speech_embedding.weight), id(lm.llm_embedding.weight)}
-    tensors = {id(t): t for t in [*lm.parameters(), *lm.buffers()] if id(t) not in tables}
+def weight_bytes(step: Any) -> int:
+    """Bytes of the parameters and buffers ``step`` (a static step, maybe quantized) reads every token."""
+    tensors = {id(t): t for t in [*step.parameters(), *step.buffers()]}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
@@ -225,11 +184,10 @@ def main() -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--phases", default="decode,pipeline,formats,batch8,aoti",
                     help="in this order; format=NAME times one format where it stands in the list")
-    ap.add_argument("--formats", default="fp8,bf16-fused,int8,bf16-tuned",
+    ap.add_argument("--formats", default="fp8,bf16-tuned,fp8-tuned,int8",
                     help="the formats phase's formats, in this order: a linear format (bf16; fp8 and int8 as the "
-                         "torch_dynamic quantizer writes them) and modifiers joined by '-': fused (q/k/v and "
-                         "gate/up merged), tuned (Inductor's coordinate-descent tuning of its kernels); "
-                         "e.g. fp8-fused-tuned")
+                         "torch_dynamic quantizer writes them), '-tuned' for Inductor's coordinate-descent tuning "
+                         "of its kernels")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
@@ -314,7 +272,7 @@ def main() -> int:
         cand()  # the capture, outside the pairs
         r = paired_ratio(reference_run(batch), cand, pairs=args.pairs)
         profile = step_profile(step, dtype) if batch == 1 else None
-        weights = weight_bytes(torch, module)
+        weights = weight_bytes(module)
         kv = batch * c.num_layers * 2 * c.num_kv_heads * c.head_dim * torch.finfo(dtype).bits // 8 \
             * (args.past + args.tokens / 2)
         row = {"format": fmt, "loop": loop, "batch": batch, "ms_per_token": 1000 * r.candidate_s / args.tokens,
@@ -365,25 +323,21 @@ def main() -> int:
     compiled: dict[str, Any] = {}
 
     def compiled_format(fmt: str) -> None:
-        """One decode row for ``fmt``: a linear format (bf16, fp8, int8), then modifiers joined by '-':
-        ``fused`` (q/k/v and gate/up merged before quantizing) and ``tuned`` (Inductor's coordinate-descent
-        search of its kernels' launch configurations, gpt-fast's setting)."""
+        """One decode row for ``fmt``: a linear format (bf16, fp8, int8), then '-tuned' for Inductor's
+        coordinate-descent search of its kernels' launch configurations (gpt-fast's setting)."""
         linear, *mods = fmt.split("-")
-        if linear not in ("bf16", "fp8", "int8") or set(mods) - {"fused", "tuned"}:
-            raise SystemExit(f"unknown format '{fmt}' (bf16, fp8 or int8, then -fused and/or -tuned)")
+        if linear not in ("bf16", "fp8", "int8") or set(mods) - {"tuned"}:
+            raise SystemExit(f"unknown format '{fmt}' (bf16, fp8 or int8, then -tuned)")
         if linear == "fp8" and not gpu:
             out["skipped"].append(f"{fmt}: torch._scaled_mm is an emulation on a CPU")
             return
-        if "fused" in mods:
-            step = fused_step(torch, bf16)  # a copy with merged matrices
-        else:
-            step = LLMStaticStep(bf16 if linear == "bf16" else copy.deepcopy(bf16))
-        n = 0 if linear == "bf16" else quantize_linears(torch, step, linear)
+        eager = LLMStaticStep(bf16).eval()  # its own merged matrices: quantizing them leaves bf16 alone
+        n = 0 if linear == "bf16" else quantize_linears(torch, eager, linear)
         with torch._inductor.config.patch(coordinate_descent_tuning="tuned" in mods):
-            step, compile_s = compiled_step(step)
+            step, compile_s = compiled_step(eager)
         compiled[fmt] = step
-        decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step,
-                   step._orig_mod.lm if hasattr(step, "_orig_mod") else bf16, 1, torch.bfloat16, compile_s)
+        decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, eager, 1,
+                   torch.bfloat16, compile_s)
 
     # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
     need = {"decode": 80, "pipeline": 100, "formats": 45, "batch8": 45, "aoti": 200}
@@ -395,8 +349,8 @@ def main() -> int:
             continue
         t_phase = time.perf_counter()
         if phase == "decode":
-            decode_row("bf16", loop_name + " (eager, no compile)", LLMStaticStep(bf16).eval(), bf16, 1,
-                       torch.bfloat16, 0.0)
+            plain = LLMStaticStep(bf16).eval()
+            decode_row("bf16", loop_name + " (eager, no compile)", plain, plain, 1, torch.bfloat16, 0.0)
             compiled_format("bf16")
         elif phase == "pipeline":
             if "bf16" not in compiled:
@@ -416,11 +370,12 @@ def main() -> int:
             warm = decoder(None, torch, device, 8, args.past, 1, **shape, dtype=torch.bfloat16,
                            static=StaticCacheDecoder(step, device, cuda_graph=False))
             warm()  # batch 8 is a new shape: a recompile
-            decode_row("bf16", loop_name + ", compiled", step, bf16, 8, torch.bfloat16, time.perf_counter() - t0)
+            decode_row("bf16", loop_name + ", compiled", step, getattr(step, "_orig_mod", step), 8, torch.bfloat16,
+                       time.perf_counter() - t0)
         elif phase == "aoti":
             t0 = time.perf_counter()
             pkg = aoti_step(torch, bf16, present, follow, art, device)
-            decode_row("bf16", loop_name + ", AOTInductor package", pkg, bf16, 1, torch.bfloat16,
+            decode_row("bf16", loop_name + ", AOTInductor package", pkg, LLMStaticStep(bf16), 1, torch.bfloat16,
                        time.perf_counter() - t0)
         else:
             raise SystemExit(f"unknown phase '{phase}' (known: decode, pipeline, formats, format=NAME, batch8, aoti)")

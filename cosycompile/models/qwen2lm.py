@@ -118,8 +118,8 @@ def _rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
 
 
 class _StepLayers(nn.Module):
-    """What both decode-step forms share: the SAME submodules as :class:`Qwen2LM`, rotary angles,
-    a layer's projections, and the rest of a layer after attention."""
+    """What both decode-step forms share: the :class:`Qwen2LM` they read, rotary angles, a layer's
+    projections split into heads, and the rest of a layer after attention."""
 
     def __init__(self, lm: Qwen2LM) -> None:
         super().__init__()
@@ -148,11 +148,17 @@ class _StepLayers(nn.Module):
         """q [B, heads, S, D] and k, v [B, kv_heads, S, D] of the new positions, rotated."""
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(B, S, self.kv_heads, self.head_dim).transpose(1, 2)
-        half = self.head_dim // 2
-        return q * cos + _rotate_half(q, half) * sin, k * cos + _rotate_half(k, half) * sin, v
+        q = self._split_heads(attn.q_proj(x), self.num_heads, B, S)
+        k = self._split_heads(attn.k_proj(x), self.kv_heads, B, S)
+        v = self._split_heads(attn.v_proj(x), self.kv_heads, B, S)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+
+    def _split_heads(self, t: torch.Tensor, heads: int, B: Any, S: Any) -> torch.Tensor:
+        """[B, S, heads * D] -> [B, heads, S, D]."""
+        return t.view(B, S, heads, self.head_dim).transpose(1, 2)
+
+    def _rotate(self, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return t * cos + _rotate_half(t, self.head_dim // 2) * sin
 
     def _finish(self, layer: nn.Module, h: torch.Tensor, ctx: torch.Tensor, B: Any, S: Any) -> torch.Tensor:
         """The layer's output from its input ``h`` [B, S, H] and attention context [B, heads, S, D]."""
@@ -203,6 +209,33 @@ class LLMDecodeStep(_StepLayers):
         return logits, torch.stack(presents).unflatten(0, (len(body.layers), 2))
 
 
+def _merged_linear(*parts: nn.Linear) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``parts`` side by side (a copy of their weights)."""
+    first = parts[0]
+    out = nn.Linear(first.in_features, sum(p.out_features for p in parts), bias=first.bias is not None,
+                    device=first.weight.device, dtype=first.weight.dtype)
+    with torch.no_grad():
+        out.weight.copy_(torch.cat([p.weight for p in parts]))
+        if out.bias is not None:
+            out.bias.copy_(torch.cat([p.bias for p in parts]))
+    return out.requires_grad_(False)
+
+
+class _MergedLayer(nn.Module):
+    """A Qwen2 decoder layer as the static step reads it: q/k/v one matrix, gate/up another (copies),
+    the norms, o_proj and down_proj the layer's own modules."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = layer.input_layernorm, layer.post_attention_layernorm
+        self.qkv_proj = _merged_linear(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.qkv_sizes = [attn.q_proj.out_features, attn.k_proj.out_features, attn.v_proj.out_features]
+        self.o_proj = attn.o_proj
+        self.gate_up_proj = _merged_linear(mlp.gate_proj, mlp.up_proj)
+        self.down_proj, self.act_fn = mlp.down_proj, mlp.act_fn
+
+
 class LLMStaticStep(_StepLayers):
     """One-token decode step over a KV cache of fixed size, the form a CUDA graph can replay.
 
@@ -211,11 +244,36 @@ class LLMStaticStep(_StepLayers):
     ``new_key_values [L,2,B,KVH,1,D]``. Slots ``0..position-1`` of ``key_values`` hold the past;
     later slots are ignored. The caller writes ``new_key_values`` into slot ``position``: the
     program never copies the cache, so every step has the same shapes and the same buffers.
+
+    Each layer reads q/k/v as one matrix and gate/up as another (:class:`_MergedLayer`, copies made
+    at construction: later changes to the LM's weights do not reach the step). At batch 1 a
+    matrix-vector product costs a kernel's latency more than its bytes: on an H100 the compiled BF16
+    step took 1.380 ms/token merged against 1.657 apart, at the same logits (docs/BENCHMARKS.md,
+    "H100, 2026-11-27"). The step does not hold the LM itself, whose separate matrices an export
+    would otherwise carry unread.
     """
+
+    def __init__(self, lm: Qwen2LM) -> None:
+        super().__init__(lm)
+        body = lm.qwen.model
+        self.layers = nn.ModuleList(_MergedLayer(layer) for layer in body.layers)
+        self.norm, self.head = body.norm, lm.llm_decoder
+        del self.lm
+
+    def _project(self, layer: nn.Module, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, B: Any, S: Any,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = layer.qkv_proj(layer.input_layernorm(h)).split(layer.qkv_sizes, dim=-1)
+        q = self._split_heads(q, self.num_heads, B, S)
+        k = self._split_heads(k, self.kv_heads, B, S)
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), self._split_heads(v, self.kv_heads, B, S)
+
+    def _finish(self, layer: nn.Module, h: torch.Tensor, ctx: torch.Tensor, B: Any, S: Any) -> torch.Tensor:
+        h = h + layer.o_proj(ctx.transpose(1, 2).reshape(B, S, self.num_heads * self.head_dim))
+        gate, up = layer.gate_up_proj(layer.post_attention_layernorm(h)).chunk(2, dim=-1)
+        return h + layer.down_proj(layer.act_fn(gate) * up)
 
     def forward(self, inputs_embeds: torch.Tensor, key_values: torch.Tensor,
                 position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        body = self.lm.qwen.model
         B = inputs_embeds.shape[0]
         M = key_values.shape[4]
         cos, sin = self._rotary(position.to(torch.float32), inputs_embeds.dtype)
@@ -226,7 +284,7 @@ class LLMStaticStep(_StepLayers):
         scale = 1.0 / math.sqrt(self.head_dim)
         h = inputs_embeds
         news: list[torch.Tensor] = []
-        for i, layer in enumerate(body.layers):
+        for i, layer in enumerate(self.layers):
             q, k, v = self._project(layer, h, cos, sin, B, 1)
             news += [k, v]
             qg = q.reshape(B, self.kv_heads, groups, self.head_dim)
@@ -236,5 +294,5 @@ class LLMStaticStep(_StepLayers):
             probs = torch.softmax(torch.cat([past, own], dim=-1), dim=-1)
             ctx = torch.matmul(probs[..., :M], key_values[i, 1]) + probs[..., M:] * v
             h = self._finish(layer, h, ctx.view(B, self.num_heads, 1, self.head_dim), B, 1)
-        logits = self.lm.llm_decoder(body.norm(h))
-        return logits, torch.stack(news).unflatten(0, (len(body.layers), 2))
+        logits = self.head(self.norm(h))
+        return logits, torch.stack(news).unflatten(0, (len(self.layers), 2))

@@ -206,3 +206,21 @@ def test_rotary_table_follows_the_lm_device(tiny_models: Any) -> None:
     lm = copy.deepcopy(tiny_models.llm).to("meta")
     assert LLMStaticStep(lm).inv_freq.device.type == "meta"
     assert LLMDecodeStep(lm).inv_freq.device.type == "meta"
+
+
+def test_step_reads_merged_matrices_and_not_the_lm(tiny_models: Any) -> None:
+    """Each layer's q/k/v and gate/up are one matrix each, holding the LM's weights in that order, and the
+    step carries nothing else of the LM's layers: an export would otherwise hold the separate matrices too,
+    unread (a program's state dict keeps every parameter of the module it traced)."""
+    lm = tiny_models.llm
+    step = LLMStaticStep(lm)
+    names = [n for n, _ in step.named_parameters()]
+    assert not [n for n in names if any(f".{p}_proj." in n for p in ("q", "k", "v", "gate", "up"))]
+    body = lm.qwen.model
+    want = sum(p.numel() for m in (body.layers, body.norm, lm.llm_decoder) for p in m.parameters())
+    assert sum(p.numel() for p in step.parameters()) == want
+    for layer, merged in zip(body.layers, step.layers):
+        a, m = layer.self_attn, layer.mlp
+        assert torch.equal(merged.qkv_proj.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        assert torch.equal(merged.qkv_proj.bias, torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+        assert torch.equal(merged.gate_up_proj.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
