@@ -48,21 +48,21 @@ def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_p
 
 
 def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
-    """The lease script's code paths, without CUDA graphs: eager and compiled static steps, the merged
-    q/k/v + gate/up step, INT8 linears, and the pipeline with its quality, all in one JSON."""
+    """The lease script's code paths, without CUDA graphs: eager and compiled static steps, INT8 linears,
+    Inductor's tuned kernels as a ``format=`` phase entry, and the pipeline with its quality, in one JSON."""
     res = _bench("gpu_inductor.py", "--device", "cpu", "--model", "builtin:tiny", "--tokens", "4", "--pairs", "1",
-                 "--speech-tokens", "30", "--phases", "decode,pipeline,formats", "--formats", "bf16-fused,int8",
+                 "--speech-tokens", "30", "--phases", "decode,pipeline,formats,format=bf16-tuned", "--formats", "int8",
                  "--artifacts", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = json.loads((tmp_path / "bench" / "gpu_inductor-cpu.json").read_text())
     rows = {r["format"].split(" ")[0] + "/" + r["loop"]: r for r in out["decode"]}
     assert set(rows) == {"bf16/static cache (eager, no compile)", "bf16/static cache, compiled",
-                         "bf16-fused/static cache, compiled", "int8/static cache, compiled"}
+                         "int8/static cache, compiled", "bf16-tuned/static cache, compiled"}
     assert all(r["ms_per_token"] > 0 and r["pairs"] == 1 and r["compile_seconds"] >= 0 for r in rows.values())
-    compiled, fused = rows["bf16/static cache, compiled"], rows["bf16-fused/static cache, compiled"]
-    # Merging matrices changes no arithmetic: the same logits as the unmerged step. INT8 reads fewer bytes.
-    assert abs(fused["logit_cosine"] - compiled["logit_cosine"]) < 1e-3 and compiled["logit_cosine"] > 0.99
-    assert compiled["weight_bytes"] > rows["int8/static cache, compiled"]["weight_bytes"]
+    compiled, tuned = rows["bf16/static cache, compiled"], rows["bf16-tuned/static cache, compiled"]
+    # Tuning changes launch configurations, not arithmetic: the same logits. INT8 reads fewer bytes.
+    assert abs(tuned["logit_cosine"] - compiled["logit_cosine"]) < 1e-3 and compiled["logit_cosine"] > 0.99
+    assert compiled["weight_bytes"] == tuned["weight_bytes"] > rows["int8/static cache, compiled"]["weight_bytes"]
     # Each batch-1 row says what one step launched; the eager step runs many more ops than the compiled one.
     eager = rows["bf16/static cache (eager, no compile)"]["profile"]
     assert eager["events"] == "cpu" and eager["kernels"] > compiled["profile"]["kernels"] > 0
