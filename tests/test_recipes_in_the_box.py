@@ -28,3 +28,26 @@ def test_readme_lists_every_shipped_recipe() -> None:
     readme = (REPO / "README.md").read_text()
     missing = [p.name for p in SHIPPED if f"`{p.name}`" not in readme and f"`{p.name}` (demo)" not in readme]
     assert not missing, f"README's recipe table lacks {missing}"
+
+
+def _reduced_precision(stage: object) -> bool:
+    """Whether a stage's engine computes below FP32: a quantized format, or an engine dtype of 16 bits."""
+    fmt = (stage.quantize or {}).get("format", "fp32")  # type: ignore[attr-defined]
+    return fmt != "fp32" or stage.engine.options.get("dtype") in ("bfloat16", "float16")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_reduced_precision_recipes_do_not_keep_fp32_limits(path: Path) -> None:
+    """base.yaml's limits are an FP32 build's (logits within 1e-3, every greedy token equal, estimator
+    within 1e-3). A recipe whose LLM or flow computes below FP32 cannot pass them on any machine, so it
+    must switch them off and gate on what such a build keeps; the GPU recipes once inherited them."""
+    from cosycompile.recipe.schema import load_recipe
+
+    recipe = load_recipe(path)
+    gate = recipe.validation.gate
+    if "llm" in recipe.enabled_stages() and _reduced_precision(recipe.stages["llm"]):
+        assert gate.max.get("llm.max_abs_logit_error") is None and gate.min.get("llm.greedy_identical_ratio") is None
+        assert gate.min.get("llm.logit_cosine") is not None
+    if "flow" in recipe.enabled_stages() and _reduced_precision(recipe.stages["flow"]):
+        assert (gate.max.get("flow.estimator_max_abs_error") or 1.0) > 1e-3
+        assert gate.min.get("flow.mel_snr_db") is not None
