@@ -36,7 +36,8 @@ def reference_runtime(stage: str, models: Any) -> Any:
 
     sinfo = get_stage(stage)
     modules, assets, info = sinfo.hook("modules")(models)
-    runners = {g.name: TorchRunner(modules[g.name], g) for g in sinfo.graphs}
+    # A graph only GPU programs carry (the static-cache LLM step) adds nothing to a CPU reference.
+    runners = {g.name: TorchRunner(modules[g.name], g) for g in sinfo.graphs if not g.gpu_program_only}
     return load_object(sinfo.runtime).from_runners(runners, assets, info)
 
 

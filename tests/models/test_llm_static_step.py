@@ -224,3 +224,25 @@ def test_step_reads_merged_matrices_and_not_the_lm(tiny_models: Any) -> None:
         assert torch.equal(merged.qkv_proj.weight, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
         assert torch.equal(merged.qkv_proj.bias, torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
         assert torch.equal(merged.gate_up_proj.weight, torch.cat([m.gate_proj.weight, m.up_proj.weight]))
+
+
+def test_static_step_is_built_only_where_it_is_read(tiny_models: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its merged matrices are a copy of most of the LM, so the stage's modules make it on first lookup:
+    the PyTorch reference (a CPU runtime) never builds it, an export of it does, once."""
+    import cosycompile.models.qwen2lm as qwen2lm
+    from cosycompile.reference.runners import reference_runtime
+    from cosycompile.stages.llm.export import stage_parts
+
+    made: list[object] = []
+
+    class Counted(qwen2lm.LLMStaticStep):
+        def __init__(self, lm: Any) -> None:
+            super().__init__(lm)
+            made.append(self)
+
+    monkeypatch.setattr(qwen2lm, "LLMStaticStep", Counted)
+    rt = reference_runtime("llm", tiny_models)
+    assert made == [] and rt.kept is None
+    modules, _, _ = stage_parts(tiny_models)
+    assert "llm_step_static" in modules and set(modules) == {"llm_step", "llm_step_static"} and made == []
+    assert modules["llm_step_static"] is modules["llm_step_static"] and len(made) == 1
