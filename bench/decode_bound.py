@@ -4,8 +4,8 @@ FP32 and in BF16 (the whole module cast, rotary angles kept in float32), decoded
 growing cache (``LLMDecodeStep``) and through the static cache (``LLMStaticStep`` with
 ``StaticCacheDecoder``: on a GPU one CUDA graph replay per token), against:
 - the FP32 eager growing-cache step, in interleaved pairs (median of per-pair ratios, spread);
-- the floor: bytes one step reads (weights in that dtype + the mean KV cache) / the device's copy
-  throughput measured in the same run (read + write bytes per second of a large tensor copy);
+- the floor: bytes one step reads (weights in that dtype + the mean KV cache) / the device's memory
+  throughput measured in the same run (the larger of a tensor copy's and a GEMV's, as in llm_decode);
 - quality: logit cosine of the step against the FP32 step on the same 72 positions (prefill).
 
 It needs no build, so it fits where compile time does not (a short lease on a GPU machine); the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builtin_models import machine
-from llm_decode import copy_bytes_per_s, decoder
+from llm_decode import stream_bytes_per_s, decoder
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -84,9 +84,11 @@ def main() -> int:
     empty = torch.zeros(c.num_layers, 2, 1, c.num_kv_heads, 0, c.head_dim, device=device)
     with torch.inference_mode():
         ref_logits = LLMDecodeStep(lm).eval()(prefill, empty)[0][0].float().cpu().numpy()
-    bandwidth = copy_bytes_per_s(torch, device)
+    streams = stream_bytes_per_s(torch, device)
+    bandwidth = streams["floor"]
     out: dict[str, Any] = {"preset": args.preset, "device": device, "past": args.past, "tokens": args.tokens,
-                           "pairs": args.pairs, "torch": torch.__version__, "copy_gb_per_s": bandwidth / 1e9,
+                           "pairs": args.pairs, "torch": torch.__version__, "copy_gb_per_s": streams["copy"] / 1e9,
+                           "read_gb_per_s": streams["read"] / 1e9,
                            "machine": (f"{torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if device == "cuda"
                                        else f"{machine()}, {args.threads} threads"), "rows": []}
     # What a step reads: every weight but the token embedding (the step takes embeddings as input).
@@ -118,7 +120,8 @@ def main() -> int:
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1, default=float))
     print(f"{args.preset} LM decode step, eager PyTorch, on {out['machine']}, torch {torch.__version__}; past "
-          f"{args.past}, {args.tokens} tokens a run; copy throughput {out['copy_gb_per_s']:.0f} GB/s (read + write)")
+          f"{args.past}, {args.tokens} tokens a run; copy throughput {out['copy_gb_per_s']:.0f} GB/s (read + write), "
+          f"GEMV read {out['read_gb_per_s']:.0f} GB/s; the floor divides by the larger")
     print("| dtype | decode loop | batch | ms/token | vs FP32 eager growing cache (median, spread, pairs) | "
           "floor ms/token (weights MB) | logit cosine |")
     print("|---|---|---|---|---|---|---|")

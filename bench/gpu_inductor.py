@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 import numpy as np
 from builtin_models import load_builtin, machine
-from llm_decode import copy_bytes_per_s, decoder, sync
+from llm_decode import stream_bytes_per_s, decoder, sync
 from pipeline_speed import synthesis_quality, time_cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -237,8 +237,9 @@ def main() -> int:
     c = lm.cfg
     shape = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden=c.hidden_size)
     bf16 = copy.deepcopy(lm).to(torch.bfloat16)
-    bandwidth = copy_bytes_per_s(torch, device)
-    out["copy_gb_per_s"] = bandwidth / 1e9
+    streams = stream_bytes_per_s(torch, device)
+    bandwidth = streams["floor"]
+    out["copy_gb_per_s"], out["read_gb_per_s"] = streams["copy"] / 1e9, streams["read"] / 1e9
 
     # Teacher-forced quality: a prefill of 24 random embeddings, then 32 speech-token embeddings one step
     # at a time; the FP32 growing-cache step's logits are the reference.
@@ -464,7 +465,8 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
 
 def print_tables(out: dict[str, Any]) -> None:
     print(f"{out['model']} on {out['machine']}, torch {out['torch']}; copy {out.get('copy_gb_per_s', 0):.0f} GB/s "
-          f"(read + write); past {out['past']}, {out['tokens']} tokens a run")
+          f"(read + write), GEMV read {out.get('read_gb_per_s', 0):.0f} GB/s (the floor takes the larger); "
+          f"past {out['past']}, {out['tokens']} tokens a run")
     print("| format | decode loop | batch | ms/token | vs FP32 eager growing cache (median, spread, pairs) | "
           "floor ms/token (weights MB) | logit cosine | compile s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -140,8 +140,14 @@ def test_llm_decode_rows_carry_their_probes(tmp_path: Path) -> None:
     res = _bench("llm_decode.py", "--model", "builtin:tiny", "--device", "cpu", "--formats", "fp32", "--batches", "1",
                  "--tokens", "4", "--pairs", "2", "--min-seconds", "0", "--artifacts", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    row = json.loads((tmp_path / "bench" / "llm_decode-cpu.json").read_text())["rows"][0]
+    out = json.loads((tmp_path / "bench" / "llm_decode-cpu.json").read_text())
+    row = out["rows"][0]
     assert row["format"] == "fp32" and row["pairs"] == 2 and row["logit_cosine"] > 0.99999
+    # The floor divides the bytes a step reads (weights and KV cache) by the faster of the two streams.
+    assert min(out["copy_gb_per_s"], out["read_gb_per_s"]) > 0.1
+    assert row["bytes_per_token"] > row["weight_bytes"] > 0
+    best_gb_per_s = max(out["copy_gb_per_s"], out["read_gb_per_s"])
+    assert abs(row["floor_ms_per_token"] * best_gb_per_s * 1e6 / row["bytes_per_token"] - 1) < 1e-9
     # The medians of the probes taken around the row's runs, the BF16 matmul among them.
     medians = row["probe_medians"]
     assert {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_bf16_1_thread_ms", "threads_lose"} <= set(medians)
