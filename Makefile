@@ -42,7 +42,7 @@ test-gpu: $(GPU_DEPS)
 # Every run is kept under artifacts/bench/runs/ and compared with the previous one;
 # `make bench ONLY=quantized_speed,cpu-fast.yaml` runs the commands that contain one of the words.
 bench: install
-	$(PY) bench/run_all.py $(if $(ONLY),--only "$(ONLY)")
+	$(PY) bench/run_all.py $(if $(ONLY),--only "$(ONLY)") $(if $(RESUME),--resume "$(RESUME)")
 
 # On a machine with a CUDA GPU: the eager decode step's bound (no compile), the step and the pipeline
 # compiled in-process (minutes), then the LLM decode step's packages on that GPU (fp32 eager, bf16,
