@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 from builtin_models import machine
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from cosycompile.core.atomic import write_atomic  # noqa: E402
 
 
 # Stands for the fresh artifacts dir of reference_reuse.py until a run makes one, so that a command's
@@ -72,20 +73,13 @@ def pending(cmds: list[list[str]], scripts: list[dict], words: list[str]) -> lis
     return [c for c in cmds if (not words or any(w in label(c) for w in words)) and label(c) not in done]
 
 
-def _write_atomic(dest: Path, data: bytes) -> None:
-    # A kill between write and rename leaves the old file (or none), never half of one.
-    tmp = dest.with_name(f".{dest.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, dest)
-
-
 def record(folder: Path, results: Path, since: float, state: dict) -> None:
     """Copy into ``folder`` the result files written since ``since`` and write ``state`` (the run's
     machine, ``--only`` words, scripts so far, seconds, finished) as its run_all.json."""
     for f in results.glob("*.json"):
         if f.stat().st_mtime >= since:
-            _write_atomic(folder / f.name, f.read_bytes())
-    _write_atomic(folder / "run_all.json", json.dumps(state, indent=1).encode())
+            write_atomic(folder / f.name, f.read_bytes())
+    write_atomic(folder / "run_all.json", json.dumps(state, indent=1).encode())
 
 
 def run(todo: list[list[str]], folder: Path, results: Path, scripts: list[dict], seconds_before: float = 0.0,
@@ -95,10 +89,10 @@ def run(todo: list[list[str]], folder: Path, results: Path, scripts: list[dict],
     the run's ``--only`` words, kept for ``--resume``). A command holding ``FRESH`` gets an empty
     temporary dir, removed when it ends. Returns the OR of the exit statuses."""
     folder.mkdir(parents=True, exist_ok=True)
-    started, rc = time.time(), 0
+    started, rc, host = time.time(), 0, machine()
 
     def state(finished: bool) -> dict:
-        return {"machine": machine(), "only": only or [], "scripts": scripts,
+        return {"machine": host, "only": only or [], "scripts": scripts,
                 "seconds": round(seconds_before + time.time() - started), "finished": finished}
 
     for cmd in todo:

@@ -9,7 +9,6 @@ input's shape is resolved from the spec (fixed sizes, dim names, products such a
 
 from __future__ import annotations
 
-import os
 import queue
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 
 from cosycompile.backends.tensorrt import check_format, resolve_flavour
 from cosycompile.backends.tensorrt.api import TrtApi, import_api, sm_tag
+from cosycompile.core.atomic import write_atomic
 from cosycompile.errors import BackendUnavailable, RecipeError
 from cosycompile.recipe.targets import TARGETS, Target
 from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, read_graphs_dir
@@ -222,14 +222,6 @@ def _build_graph(api: TrtApi, path: Path, name: str, spec: dict[str, Any], info:
     return bytes(plan), facts, new_cache
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Other builds may share the cache file: readers see the old or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
     """Build ``<graph>.plan`` for every graph of ``src`` into ``out``; returns the passport's backend fields.
 
@@ -263,7 +255,8 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     eng.info = dict(gd.info)
     eng.write()
     if cache_path is not None and cache:
-        _write_atomic(cache_path, cache)
+        # Other builds may share the timing cache file: they read the old one or the new one.
+        write_atomic(cache_path, cache)
 
     ccs = next(iter(facts.values()))["compute_capabilities"]
     return {
