@@ -1,0 +1,155 @@
+"""Architecture settings of CosyVoice3's three networks, with the 0.5B defaults and a tiny preset.
+
+Defaults are the values upstream's ``examples/libritts/cosyvoice3/conf/cosyvoice3.yaml`` sets (read at
+FunAudioLLM/CosyVoice ace7c47), plus the Qwen2-0.5B body of ``CosyVoice-BlankEN/config.json``. Values
+that upstream code fixes rather than the yaml (the 200 extra speech-token rows of the LM, the CFM's
+15,000 noise frames, the DiT's time-embedding width) are fields too, at upstream's value, so that
+one place names every shape. Nothing here imports the rest of cosycompile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """The yaml's ``ras_sampling`` settings (repetition-aware sampling)."""
+
+    top_p: float = 0.8
+    top_k: int = 25
+    win_size: int = 10
+    tau_r: float = 0.1
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """CosyVoice3LM: a Qwen2 body plus a 6,561 + 200 row speech vocabulary and a bias-free head."""
+
+    # Qwen2 body (CosyVoice-BlankEN/config.json of the 0.5B model).
+    hidden_size: int = 896
+    num_layers: int = 24
+    num_heads: int = 14
+    num_kv_heads: int = 2
+    intermediate_size: int = 4864
+    vocab_size: int = 151936
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = True
+    # Speech side (yaml: speech_token_size; llm.py: the 200 extra rows for special tokens).
+    speech_token_size: int = 6561
+    extra_speech_rows: int = 200
+    # Decoding (Qwen2LM.inference defaults and the yaml's sampling entry).
+    min_token_text_ratio: float = 2.0
+    max_token_text_ratio: float = 20.0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width of the Qwen2 attention."""
+        return self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    """The flow's estimator ``cosyvoice.flow.DiT.dit.DiT`` (yaml ``flow.decoder.estimator``)."""
+
+    dim: int = 1024
+    depth: int = 22
+    heads: int = 16
+    dim_head: int = 64
+    ff_mult: int = 2
+    mel_dim: int = 80
+    mu_dim: int = 80
+    spk_dim: int = 80
+    out_channels: int = 80
+    # yaml: chunk_size (25 tokens) * token_mel_ratio (2).
+    static_chunk_size: int = 50
+    num_decoding_left_chunks: int = -1
+    long_skip_connection: bool = False
+    # Fixed in upstream's TimestepEmbedding / CausalConvPositionEmbedding.
+    freq_embed_dim: int = 256
+    conv_pos_kernel: int = 31
+    conv_pos_groups: int = 16
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """CausalMaskedDiffWithDiT: token embedding, pre-look-ahead convs, x2 repeat, CFM over a DiT."""
+
+    input_size: int = 80
+    output_size: int = 80
+    spk_embed_dim: int = 192
+    vocab_size: int = 6561
+    token_mel_ratio: int = 2
+    pre_lookahead_len: int = 3
+    pre_lookahead_channels: int = 1024
+    # CausalConditionalCFM (cfm_params in the yaml; 10 steps fixed by flow.inference).
+    sigma_min: float = 1e-6
+    t_scheduler: str = "cosine"
+    inference_cfg_rate: float = 0.7
+    n_timesteps: int = 10
+    # CausalConditionalCFM draws [1, 80, 50 * 300] with seed 0 once, at construction.
+    noise_frames: int = 50 * 300
+    noise_seed: int = 0
+    estimator: DiTConfig = field(default_factory=DiTConfig)
+
+
+@dataclass(frozen=True)
+class HiFTConfig:
+    """CausalHiFTGenerator with its CausalConvRNNF0Predictor (yaml ``hift``)."""
+
+    in_channels: int = 80
+    base_channels: int = 512
+    nb_harmonics: int = 8
+    sampling_rate: int = 24000
+    nsf_alpha: float = 0.1
+    nsf_sigma: float = 0.003
+    nsf_voiced_threshold: float = 10.0
+    upsample_rates: tuple[int, ...] = (8, 5, 3)
+    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
+    istft_n_fft: int = 16
+    istft_hop_len: int = 4
+    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
+    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
+    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
+    lrelu_slope: float = 0.1
+    audio_limit: float = 0.99
+    conv_pre_look_right: int = 4
+    f0_num_class: int = 1
+    f0_cond_channels: int = 512
+    # Upstream runs the F0 predictor in float64 ("precision is crucial for causal inference").
+    f0_float64: bool = True
+    # The causal source reads fixed noise drawn at construction (300 s at 24 kHz upstream); here it is
+    # drawn lazily from this seed so a 0.5B model built on the meta device allocates none of it.
+    noise_seconds: int = 300
+    noise_seed: int = 0
+
+
+@dataclass(frozen=True)
+class CosyVoice3Config:
+    """The three networks of one CosyVoice3 model."""
+
+    sample_rate: int = 24000
+    token_frame_rate: int = 25
+    lm: LMConfig = field(default_factory=LMConfig)
+    flow: FlowConfig = field(default_factory=FlowConfig)
+    hift: HiFTConfig = field(default_factory=HiFTConfig)
+
+
+def cv3_0_5b() -> CosyVoice3Config:
+    """Fun-CosyVoice3-0.5B's shapes, as upstream's cosyvoice3.yaml builds them."""
+    return CosyVoice3Config()
+
+
+def cv3_tiny() -> CosyVoice3Config:
+    """Shapes small enough for unit tests on two CPU cores; every rule (ratios, chunk, 80 mels) kept."""
+    return CosyVoice3Config(
+        lm=LMConfig(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=256,
+                    max_position_embeddings=512, speech_token_size=64),
+        flow=FlowConfig(vocab_size=64, pre_lookahead_channels=32,
+                        estimator=DiTConfig(dim=64, depth=2, heads=4, dim_head=16, ff_mult=2)),
+        hift=HiFTConfig(base_channels=32, f0_cond_channels=32, noise_seconds=2),
+    )
