@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
 from cosycompile.families._cosyvoice3.config import HiFTConfig
@@ -303,11 +304,17 @@ class CausalHiFTGenerator(nn.Module):
         return torch.clamp(wav, -self.audio_limit, self.audio_limit)
 
     def predict_f0(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
-        """F0 [B, T'] in Hz; in float64 when ``cfg.f0_float64`` (upstream converts the predictor for this)."""
-        if self.cfg.f0_float64:
-            self.f0_predictor.to(torch.float64)
-            return self.f0_predictor(mel.to(torch.float64), finalize=finalize).to(mel.dtype)
-        return self.f0_predictor(mel, finalize=finalize)
+        """F0 [B, T'] in Hz, computed in float64 when ``cfg.f0_float64``, as upstream does.
+
+        Upstream converts its predictor to float64 in place on the first call; here float64 copies of
+        the weights are passed for the call only (same numbers), so the module and its state dict stay
+        float32 for later exports.
+        """
+        fp = self.f0_predictor
+        if not self.cfg.f0_float64:
+            return fp(mel, finalize=finalize)
+        weights = {k: v.to(torch.float64) for k, v in [*fp.named_parameters(), *fp.named_buffers()]}
+        return functional_call(fp, weights, (mel.to(torch.float64),), {"finalize": finalize}).to(mel.dtype)
 
     @torch.inference_mode()
     def inference(self, speech_feat: torch.Tensor, finalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:

@@ -115,6 +115,8 @@ def test_hift_f0_equals_upstream(hift: CausalHiFTGenerator) -> None:
     with torch.inference_mode():
         f0 = hift.predict_f0(d["in_mel"])
     assert rel_err(f0, d["f0"]) <= TOL
+    # Upstream turns its predictor float64 in place; ours must stay float32 for exports.
+    assert {p.dtype for p in hift.f0_predictor.parameters()} == {torch.float32}
 
 
 @pytest.mark.parametrize("finalize", [True, False], ids=["final", "chunk"])
