@@ -169,7 +169,7 @@ def main() -> int:
     body = {"extends": str(recipe), "model": args.model, "calibration": BENCH_CALIBRATION}
     dirs = build_steps(body, f"{recipe.stem}-e2e", ["model"] + [f"{s}.engine" for s in STAGES], art)
     build_s = time.perf_counter() - t0
-    built = Pipeline(*(stage_runtime(s, dirs[f"{s}.engine"], args.threads) for s in STAGES))
+    built = Pipeline({s: stage_runtime(s, dirs[f"{s}.engine"], args.threads) for s in STAGES})
     ref = reference_pipeline(load_reference(dirs["model"], STAGES, args.threads))
     text_ids, prompt = Frontend(dirs["model"]).item_inputs(load_dataset(REPO / "calib_data" / "eval").head(1)[0])
     tokens = built.llm.generate(text_ids, prompt, Sampling(mode="greedy", max_tokens=args.chunk_tokens))

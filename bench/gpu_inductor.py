@@ -205,7 +205,7 @@ def main() -> int:
     import torch
 
     from cosycompile.backends.torch.static_decode import StaticCacheDecoder
-    from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
     from cosycompile.stages import get_stage
     from cosycompile.validate import metrics as M
     from cosycompile.validate.speed import paired_ratio
@@ -390,7 +390,7 @@ def main() -> int:
 
 def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, device: str) -> Any:
     """The static step of ``module`` exported and compiled as an AOTInductor package, loaded back."""
-    from cosycompile.models.qwen2lm import LLMStaticStep
+    from cosycompile.families.cosyvoice2.qwen2lm import LLMStaticStep
 
     dtype = next(module.parameters()).dtype
     L, two, B, KVH, _, D = present.shape
@@ -406,7 +406,7 @@ def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, dev
 def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, llm_step: Any,
                    args: Any) -> dict[str, Any]:
     """End to end and first chunk of the GPU pipeline against the FP32 eager pipeline on the same device."""
-    from cosycompile.core.plugins import load_object
+    from cosycompile.families import get_family
     from cosycompile.reference.step import workloads
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
@@ -436,13 +436,13 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
             runners["llm_step_static"] = static
         else:
             runners.pop("llm_step_static", None)
-        return load_object(sinfo.runtime).from_runners(runners, assets, info)
+        return get_family(models.family).hook("runtimes", stage).from_runners(runners, assets, info)
 
-    ref = Pipeline(runtime("llm", {}, False), runtime("flow", {}, False), runtime("hift", {}, False))
-    built = Pipeline(runtime("llm", {"llm_step": bf16}, True, StaticSteps(torch, llm_step, device, bf16)),
-                     runtime("flow", {"flow_encoder": bf16, "flow_estimator": bf16}, True, autocast=True,
-                             compiled=args.compile_flow),
-                     runtime("hift", {}, True, compiled=args.compile_flow))
+    ref = Pipeline({s: runtime(s, {}, False) for s in ("llm", "flow", "hift")})
+    built = Pipeline({"llm": runtime("llm", {"llm_step": bf16}, True, StaticSteps(torch, llm_step, device, bf16)),
+                      "flow": runtime("flow", {"flow_encoder": bf16, "flow_estimator": bf16}, True, autocast=True,
+                                      compiled=args.compile_flow),
+                      "hift": runtime("hift", {}, True, compiled=args.compile_flow)})
     item = load_dataset(REPO / "calib_data" / "eval").head(1)[0]
     first = Frontend(models.model_dir).item_inputs(item)
     sampling = Sampling(mode="greedy", seed=0, max_tokens=args.speech_tokens)

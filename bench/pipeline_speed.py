@@ -108,7 +108,7 @@ def main() -> int:
     if args.build_only:
         return 0
 
-    built = Pipeline(*(stage_runtime(s, dirs[f"{s}.engine"], args.threads) for s in STAGES))
+    built = Pipeline({s: stage_runtime(s, dirs[f"{s}.engine"], args.threads) for s in STAGES})
     passports = {s: read_passport(dirs[f"{s}.engine"]) for s in STAGES}
     ref = reference_pipeline(load_reference(dirs["model"], STAGES, args.threads))
     item = load_dataset(REPO / "calib_data" / "eval").head(1)[0]

@@ -82,9 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     _add_remote(p)
 
-    p = sub.add_parser("init-model", help="write a built-in model as a CosyVoice2 checkpoint dir",
-                       description="Write builtin:tiny or builtin:random-0.5b in the real layout "
-                                   "(cosyvoice2.yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/, front-end ONNX).")
+    p = sub.add_parser("init-model", help="write a built-in model as a checkpoint dir of its family",
+                       description="Write builtin:tiny or builtin:random-0.5b in the real layout of its model "
+                                   "family (CosyVoice2: cosyvoice2.yaml, llm.pt, flow.pt, hift.pt, "
+                                   "CosyVoice-BlankEN/, front-end ONNX).")
     p.add_argument("spec", help="builtin:tiny or builtin:random-0.5b")
     p.add_argument("--out", type=Path, required=True, help="output folder (must not exist or be empty)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
@@ -425,18 +426,19 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _init_model(args: argparse.Namespace) -> int:
-    from cosycompile.plan import BUILTIN_MODELS, BUILTIN_PREFIX
+    from cosycompile.errors import ModelError
+    from cosycompile.families import BUILTIN_PREFIX, builtin_family
 
-    name = args.spec[len(BUILTIN_PREFIX):] if args.spec.startswith(BUILTIN_PREFIX) else None
-    if name not in BUILTIN_MODELS:
-        raise UserError(f"unknown built-in model '{args.spec}' "
-                        f"(known: {', '.join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS)})")
+    try:
+        if not args.spec.startswith(BUILTIN_PREFIX):
+            raise ModelError(f"'{args.spec}' is not a built-in model ({BUILTIN_PREFIX}<name>)")
+        family = builtin_family(args.spec)
+    except ModelError as exc:
+        raise UserError(str(exc)) from None
     out: Path = args.out
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"{out}: output exists and is not an empty folder")
-    from cosycompile.models.loader import init_model
-
-    init_model(args.spec, out, seed=args.seed)
+    family.hook("init_model")(args.spec, out, seed=args.seed)
     print(f"wrote {args.spec} (seed {args.seed}) to {out}")
     return 0
 

@@ -1,5 +1,5 @@
-"""From a recipe to a graph of steps. Names no stage, backend, format or exporter: each comes from
-its plug-in registry, and each step's code is the import closure of the plug-in modules it runs.
+"""From a recipe to a graph of steps. Names no stage, backend, format, exporter or model family: each
+comes from its plug-in registry, and each step's code is the import closure of the plug-in modules it runs.
 
 Per enabled stage: export -> simplify -> [quantize] -> engine -> check; one ``reference`` step (the
 PyTorch FP32 outputs every check compares with, shared by every recipe on the model), one
@@ -14,15 +14,11 @@ from typing import Any, Callable
 
 from cosycompile.core.graph import Step, lazy
 from cosycompile.errors import BackendUnavailable, ModelError
+from cosycompile.families import BUILTIN_PREFIX, FamilyInfo
 from cosycompile.recipe.schema import Recipe
 from cosycompile.recipe.targets import TARGETS
 from cosycompile.runtime.dataset import load_dataset
 
-BUILTIN_PREFIX = "builtin:"
-BUILTIN_MODELS = ("tiny", "random-0.5b", "tiny-snake")
-FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx", "builtin.json",
-                  "CosyVoice-BlankEN/tokenizer_config.json", "CosyVoice-BlankEN/vocab.json",
-                  "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/tokenizer.json")
 TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")
 # The export for backends that compile torch programs (BackendInfo.consumes == "program").
 PROGRAM_EXPORT = "cosycompile.stages.common:export_programs"
@@ -31,10 +27,11 @@ STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
 
 @dataclass
 class ModelInput:
-    """Either a step that materialises a built-in model, or a checkpoint dir on disk."""
+    """Either a step that materialises a built-in model, or a checkpoint dir on disk, and its family."""
 
     step: Step | None
     root: Path | None
+    family: FamilyInfo
 
     def attach(self, step: Step, files: tuple[str, ...]) -> None:
         """Make ``step`` depend on the model: the whole built-in dir, or only ``files`` of a real dir."""
@@ -47,28 +44,38 @@ class ModelInput:
 
 
 def model_input(recipe: Recipe) -> ModelInput:
-    """Resolve the recipe's ``model:`` into a ModelInput, failing early on a bad spec or dir."""
+    """Resolve the recipe's ``model:`` and its family into a ModelInput, failing early on a bad spec or dir."""
     spec = recipe.model
     if spec.startswith(BUILTIN_PREFIX):
-        name = spec[len(BUILTIN_PREFIX):]
-        if name not in BUILTIN_MODELS:
-            raise ModelError(f"{recipe.source}: unknown built-in model '{spec}' "
-                             f"(known: {', '.join(BUILTIN_PREFIX + m for m in BUILTIN_MODELS)})")
+        family = _family(recipe, spec)
+        if spec[len(BUILTIN_PREFIX):] not in family.builtins:
+            raise ModelError(f"{recipe.source}: unknown built-in model '{spec}' of family '{family.name}' "
+                             f"(known: {', '.join(BUILTIN_PREFIX + m for m in family.builtins)})")
         step = Step(
-            name="model", kind="model.builtin", run=lazy("cosycompile.models.builtin_step:materialize"),
-            params={"spec": spec, "seed": 0}, tools=("torch", "transformers", "onnx"),
-            describe=f"write {spec} in the CosyVoice2 checkpoint layout",
+            name="model", kind="model.builtin", run=lazy("cosycompile.families.builtin_step:materialize"),
+            code=family.code_modules("init_model"),
+            params={"spec": spec, "seed": 0, "family": family.name}, tools=("torch", "transformers", "onnx"),
+            describe=f"write {spec} in the {family.name} checkpoint layout",
         )
-        return ModelInput(step, None)
+        return ModelInput(step, None, family)
     root = recipe.resolve_path(spec)
     if not root.is_dir():
         raise ModelError(f"{recipe.source}: model dir not found: {root}")
+    family = _family(recipe, root)
     # Every file the build will read, checked now rather than when the step reading it runs (minutes in).
-    # Imported here so that only a real dir pays for it; layout.py imports no torch.
-    from cosycompile.models.layout import check_model_dir
+    # The family's layout check imports no torch, so planning stays light.
+    family.hook("check_model_dir")(root, recipe.enabled_stages())
+    return ModelInput(None, root.resolve(), family)
 
-    check_model_dir(root, recipe.enabled_stages())
-    return ModelInput(None, root.resolve())
+
+def _family(recipe: Recipe, model: str | Path) -> FamilyInfo:
+    """The recipe's ``model.family``, else the family of the built-in or of the model dir's config file."""
+    from cosycompile.families import resolve_family
+
+    try:
+        return resolve_family(model, recipe.model_family)
+    except ModelError as exc:
+        raise ModelError(f"{recipe.source}: {exc}") from None
 
 
 @dataclass
@@ -78,6 +85,7 @@ class BuildPlan:
     final: Step
     stage_steps: dict[str, dict[str, Step]]
     not_validated: dict[str, str]  # stage -> why its engine cannot run on this machine
+    family: FamilyInfo  # the model family of the recipe's model
 
 
 def run_problems(recipe: Recipe) -> dict[str, str]:
@@ -104,29 +112,33 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     target = TARGETS[recipe.target]
     unrunnable = {} if engines_from is not None else run_problems(recipe)
     model = model_input(recipe)
+    family = model.family
+    # What every step that loads the model reads through the family's registry entry: the loader and
+    # the stage runtimes (a static import walk from the step body cannot see them).
+    family_code = family.code_modules("loader", "runtimes")
     v = recipe.validation
     eval_set = load_dataset(recipe.resolve_path(v.eval_set))
     eval_items = eval_set.head(v.max_items)
     eval_files = sorted({eval_set.root / "manifest.jsonl", *[i.prompt_wav for i in eval_items if i.prompt_wav]})
     threads = v.speed.threads
     sampling = v.sampling.model_dump()
-    all_model_files = tuple(sorted({f for s in stages.values() for f in s.model_files})) + FRONTEND_FILES
+    all_model_files = family.model_files(stages) + family.frontend_files
 
     # The reference depends on the model and the checks' workloads, never on what a recipe builds.
     reference = Step(
         name="reference", kind="reference", run=lazy("cosycompile.reference.step:run"),
-        code=tuple(m for s in stages.values() for m in _module_roots(s, "reference", "modules")),
+        code=tuple(m for s in stages.values() for m in _module_roots(s, "reference", "modules")) + family_code,
         params={"checks": {n: recipe.typed(n)["check"].model_dump(mode="json") if n in recipe.enabled_stages()
                            else s.check_spec().model_dump(mode="json") for n, s in stages.items()},
-                "sampling": sampling, "max_items": v.max_items, "threads": threads,
+                "family": family.name, "sampling": sampling, "max_items": v.max_items, "threads": threads,
                 "speed": v.speed.model_dump(include={"warmup", "runs"}) if v.speed.reference == "cached" else None},
         tools=TORCH_TOOLS, describe="run the PyTorch FP32 reference on the eval set (once per model)",
     )
     model.attach(reference, all_model_files)
     reference.files["eval"] = (eval_set.root, eval_files)
-    reference.preflight = _audio_preflight(eval_files, model.root)
+    reference.preflight = _audio_preflight(eval_files, model.root, family)
 
-    calibrate = _calibrate_step(recipe, model, all_model_files)
+    calibrate = _calibrate_step(recipe, model, all_model_files, family_code)
     stage_steps: dict[str, dict[str, Step]] = {}
     for name in recipe.enabled_stages():
         sinfo = stages[name]
@@ -147,6 +159,8 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         else:
             run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
                                        {"opset": spec.export.opset}, "to ONNX")
+        code += family.code_modules("loader")
+        params = {**params, "family": family.name}
         runtime = typed["runtime"]
         settings = runtime.model_dump(mode="json", exclude_defaults=True) if runtime is not None else {}
         if settings:  # only what a recipe changed, so recipes on the defaults keep their cache keys
@@ -155,9 +169,10 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             name=f"{name}.export", kind=f"{name}.export" + ("" if consumes == "onnx" else f".{consumes}"),
             run=lazy(run), code=code, params=params, tools=TORCH_TOOLS, describe=f"export {sinfo.summary} {what}",
         )
-        model.attach(export, sinfo.model_files + (FRONTEND_FILES if consumes == "checkpoint" else ()))
+        stage_files = family.model_files((name,))
+        model.attach(export, stage_files + (family.frontend_files if consumes == "checkpoint" else ()))
         if model.root is not None:
-            export.preflight = _checkpoint_preflight(model.root, name)
+            export.preflight = _checkpoint_preflight(family, model.root, name)
         steps = {"export": export}
         graphs = export
         if consumes == "onnx":
@@ -179,7 +194,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
                 assert calibrate is not None
                 quantize.deps["calib"] = calibrate
             # The checkpoint exports read the front end's tokenizer (it sets the merged vocabulary).
-            model.attach(quantize, sinfo.model_files + (FRONTEND_FILES if consumes == "checkpoint" else ()))
+            model.attach(quantize, stage_files + (family.frontend_files if consumes == "checkpoint" else ()))
             if getattr(qspec, "exclude", None) and qinfo.stages is not None:
                 source = model.root if model.root is not None else recipe.model.split(":", 1)[1]
                 quantize.preflight = _exclusion_preflight(qinfo, source, list(qspec.exclude))
@@ -193,7 +208,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             continue
         check = Step(
             name=f"{name}.check", kind=f"{name}.check", run=lazy(sinfo.ref("check")),
-            code=(binfo.package, binfo.ref("load").split(":")[0]),
+            code=(binfo.package, binfo.ref("load").split(":")[0]) + family.code_modules("runtimes"),
             params={"threads": threads, "sampling": sampling, "max_items": v.max_items, "backend": binfo.name,
                     "precision": qspec.format, "pairs": v.speed.runs, "warmup": v.speed.warmup,
                     "min_seconds": v.speed.min_seconds, "machine_state": v.speed.machine_state},
@@ -205,7 +220,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             # Speed of a quantized engine is reported against the FP32 engine of the same backend.
             steps["engine_fp32"] = check.deps["fp32_engine"] = _engine_step(
                 name, binfo, typed["options"], "fp32", unquantized, target.name, suffix=".fp32")
-        model.attach(check, sinfo.model_files + FRONTEND_FILES)
+        model.attach(check, stage_files + family.frontend_files)
         check.files["eval"] = (eval_set.root, eval_files)
         steps["check"] = check
         stage_steps[name] = steps
@@ -214,12 +229,13 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     if unrunnable:
         final = _unvalidated_step(recipe, stage_steps, unrunnable, target.name)
         targets = [final] if until is None else _until(stage_steps, until)
-        return BuildPlan(recipe, targets, final, stage_steps, unrunnable)
+        return BuildPlan(recipe, targets, final, stage_steps, unrunnable, family)
     final = Step(
         name="pipeline.check", kind="pipeline.check", run=lazy("cosycompile.validate.pipeline_check:run"),
         code=tuple(m for s in enabled for m in stage_steps[s]["check"].code)
-        + tuple(m for s in stages.values() for m in _module_roots(s, "modules")),
-        params={"validation": v.model_dump(exclude={"eval_set", "gate"}), "stages": enabled, "max_items": v.max_items,
+        + tuple(m for s in stages.values() for m in _module_roots(s, "modules")) + family_code,
+        params={"family": family.name, "validation": v.model_dump(exclude={"eval_set", "gate"}), "stages": enabled,
+                "max_items": v.max_items,
                 "backends": {s: recipe.stage(s).engine.backend for s in enabled},
                 "precisions": {s: recipe.typed(s)["quantize"].format for s in enabled},
                 "thresholds": v.gate.thresholds()},
@@ -230,9 +246,9 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     )
     model.attach(final, all_model_files)
     final.files["eval"] = (eval_set.root, eval_files)
-    final.preflight = _audio_preflight(eval_files, None)
+    final.preflight = _audio_preflight(eval_files, None, family)
     targets = [final] if until is None else _until(stage_steps, until)
-    return BuildPlan(recipe, targets, final, stage_steps, {})
+    return BuildPlan(recipe, targets, final, stage_steps, {}, family)
 
 
 def _until(stage_steps: dict[str, dict[str, Step]], until: str) -> list[Step]:
@@ -273,7 +289,7 @@ def _imported_engine(stage: str, engine_dir: Path, info: Any, target: str) -> St
 def _module_roots(sinfo: Any, *hooks: str) -> tuple[str, ...]:
     """The stage's package and the modules of its hooks: code reached through the registry, which a
     static import walk from the step body cannot see."""
-    return (sinfo.package, sinfo.runtime.split(":")[0]) + tuple(sinfo.ref(h).split(":")[0] for h in hooks)
+    return (sinfo.package,) + tuple(sinfo.ref(h).split(":")[0] for h in hooks)
 
 
 def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, target: str, suffix: str = "") -> Step:
@@ -287,7 +303,8 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
     )
 
 
-def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, ...]) -> Step | None:
+def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, ...],
+                    family_code: tuple[str, ...]) -> Step | None:
     """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
     stages = [s for s in recipe.enabled_stages()
               if (q := recipe.typed(s)["quantizer"]) is not None and q.needs_calibration(recipe.typed(s)["quantize"].format)]
@@ -301,17 +318,17 @@ def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, .
 
     step = Step(
         name="calibrate", kind="calibrate", run=lazy("cosycompile.quantize.calibrate:run"),
-        code=tuple(m for s in stage_infos().values() for m in _module_roots(s, "modules")),
-        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages},
+        code=tuple(m for s in stage_infos().values() for m in _module_roots(s, "modules")) + family_code,
+        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages, "family": model.family.name},
         tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
     )
     model.attach(step, model_files)
     step.files["calib"] = (calib_set.root, files)
-    step.preflight = _audio_preflight(files, model.root)
+    step.preflight = _audio_preflight(files, model.root, model.family)
     return step
 
 
-def _audio_preflight(files: list[Path], model_root: Path | None) -> Callable[[], None]:
+def _audio_preflight(files: list[Path], model_root: Path | None, family: FamilyInfo) -> Callable[[], None]:
     """The prompts' audio headers and, for a model dir on disk, the front end's ONNX models: what
     the steps running the front end read, checked before any step runs."""
 
@@ -320,18 +337,14 @@ def _audio_preflight(files: list[Path], model_root: Path | None) -> Callable[[],
 
         check_audio(files)
         if model_root is not None:
-            from cosycompile.models.layout import check_frontend_models
-
-            check_frontend_models(model_root)
+            family.hook("check_frontend")(model_root)
 
     return check
 
 
-def _checkpoint_preflight(root: Path, stage: str) -> Callable[[], None]:
+def _checkpoint_preflight(family: FamilyInfo, root: Path, stage: str) -> Callable[[], None]:
     def check() -> None:
-        from cosycompile.models.loader import check_checkpoint
-
-        check_checkpoint(root, stage)
+        family.hook("check_checkpoint")(root, stage)
 
     return check
 

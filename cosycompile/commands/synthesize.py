@@ -28,7 +28,6 @@ from cosycompile.commands._bundle import MANIFEST, read_manifest
 from cosycompile.errors import UserError
 from cosycompile.runtime.text import DEFAULT_MAX_CHARS, split_text, text_weight  # noqa: F401 - re-exported
 
-STAGES = ("llm", "flow", "hift")
 FRONTEND_DIR = "frontend"  # fixed, never read from the manifest: an archive's manifest is not trusted with paths
 SAMPLE_RATE = 24000
 
@@ -55,10 +54,13 @@ def _bundle_parts(bundle: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         recipe = json.loads((bundle / "recipe.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"{bundle / 'recipe.json'}: not a readable recipe ({exc.__class__.__name__})") from None
-    for stage in STAGES:
+    from cosycompile.stages import pipeline_stages
+
+    stages = pipeline_stages()
+    for stage in stages:
         if not (bundle / "engines" / stage / "engine.json").is_file():
             raise UserError(f"{bundle / 'engines' / stage}: no engine for stage '{stage}' (synthesize needs "
-                            f"{', '.join(STAGES)}; the recipe built {', '.join(manifest.get('stages', {})) or 'none'})")
+                            f"{', '.join(stages)}; the recipe built {', '.join(manifest.get('stages', {})) or 'none'})")
     frontend = bundle / FRONTEND_DIR
     if not frontend.is_dir():
         raise UserError(f"{frontend}: missing (a bundle from before front ends were bundled: rebuild it with: "
@@ -137,7 +139,9 @@ def load_bundle(bundle: Path, threads: int | None = None) -> LoadedBundle:
 
     # One front-end thread, as the build's checks use: the prompt features are then the build's bit for bit.
     frontend = Frontend(bundle / FRONTEND_DIR, threads=1)
-    pipeline = Pipeline(*(stage_runtime(s, bundle / "engines" / s, threads) for s in STAGES))
+    from cosycompile.stages import pipeline_stages
+
+    pipeline = Pipeline({s: stage_runtime(s, bundle / "engines" / s, threads) for s in pipeline_stages()})
     return LoadedBundle(bundle, manifest, recipe, frontend, pipeline, threads)
 
 

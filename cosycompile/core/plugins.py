@@ -1,6 +1,6 @@
 """Discovery of plug-ins: every extension point is a folder named by the value a recipe writes.
 
-A kind of plug-in (``stages``, ``backends``, ``quantize``, ``exporters``) is a package of this
+A kind of plug-in (``stages``, ``backends``, ``quantize``, ``exporters``, ``families``) is a package of this
 project; each sub-package of it is one plug-in whose light ``__init__.py`` defines ``PLUGIN``, an
 info object of that kind. Third-party packages add plug-ins through the entry-point group
 ``cosycompile.<kind>`` whose object is such a module or info object. The plug-in's name is its
@@ -17,7 +17,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-KINDS = ("stages", "backends", "quantize", "exporters")
+KINDS = ("stages", "backends", "quantize", "exporters", "families")
 
 
 class PluginError(RuntimeError):

@@ -1,3 +1,135 @@
 """Model families: one sub-folder per CosyVoice generation, named by the value a recipe or a model dir
 names (``cosyvoice2``, ``cosyvoice3``, ...). A folder whose name starts with ``_`` is work in progress
-and not a plug-in."""
+and not a plug-in.
+
+A family folder holds what is that generation's own: its PyTorch networks (upstream's state-dict
+keys), its config reader, the check of its model dir's layout, its built-in models and the stage
+runtimes (the control flow around its graphs). Its light ``__init__.py`` defines
+``PLUGIN = FamilyInfo(...)``; the stage roles, backends, quantizers, cache and validation stay
+generic and reach the family through this registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from cosycompile.core.plugins import discover, load_object, resolve_ref
+from cosycompile.errors import ModelError
+
+BUILTIN_PREFIX = "builtin:"
+# Graphs dirs and bundles written before families were plug-ins carry no ``family`` in their info;
+# every one of them was built from a CosyVoice2 model.
+LEGACY_FAMILY = "cosyvoice2"
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """What the planner, the steps and the runtimes need to know about a model family, without importing torch.
+
+    Hook references are ``".module:attr"`` relative to the family's package, so a renamed copy of
+    the folder is a new family.
+    """
+
+    summary: str
+    config_file: str  # the file of a model dir that says it is this family's (e.g. ``cosyvoice2.yaml``)
+    builtins: tuple[str, ...]  # ``builtin:<name>`` models the family writes
+    tiny_builtin: str  # the smallest built-in, the one tests build
+    stage_files: Mapping[str, tuple[str, ...]]  # stage -> files of a model dir its network is read from
+    frontend_files: tuple[str, ...]  # files of a model dir the front end may read (those present are keyed)
+    # Files a bundle's front end carries besides those (read only when present, e.g. tokenizer extras).
+    bundle_files: tuple[str, ...]
+    runtimes: Mapping[str, str]  # stage -> "module:Class" of its torch-free runtime (``from_runners``)
+    loader: str = ".loader:load_models"  # (model_dir, stages) -> LoadedModels
+    init_model: str = ".loader:init_model"  # (spec, out_dir, seed) -> the built-in written as a model dir
+    check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight
+    check_model_dir: str = ".layout:check_model_dir"  # (root, stages): files present and readable, at plan time
+    check_frontend: str = ".layout:check_frontend_models"  # (root): the front end's models parse, pre-flight
+    name: str = ""
+    package: str = ""
+
+    def ref(self, attr: str, key: str | None = None) -> str:
+        """An absolute ``module:attr`` reference for a hook (``key``: the stage, for per-stage hooks)."""
+        value = getattr(self, attr)
+        return resolve_ref(self.package, value[key] if key is not None else value)
+
+    def hook(self, attr: str, key: str | None = None) -> Any:
+        """Import and return one of the family's hooks (heavy imports happen here)."""
+        return load_object(self.ref(attr, key))
+
+    def code_modules(self, *attrs: str) -> tuple[str, ...]:
+        """The family's package and the modules of ``attrs`` (every stage's for ``runtimes``): code a
+        step reaches through this registry, which a static import walk cannot see."""
+        out = [self.package]
+        for attr in attrs:
+            keys = list(getattr(self, attr)) if attr == "runtimes" else [None]
+            out += [self.ref(attr, k).split(":")[0] for k in keys]
+        return tuple(dict.fromkeys(out))
+
+    def model_files(self, stages: Iterable[str]) -> tuple[str, ...]:
+        """Files of a model dir that ``stages`` read, sorted (for content keys)."""
+        return tuple(sorted({f for s in stages for f in self.stage_files[s]}))
+
+
+def family_infos() -> dict[str, FamilyInfo]:
+    """Every model family plug-in, by name."""
+    return dict(discover("families"))
+
+
+def get_family(name: str) -> FamilyInfo:
+    """One family's info; an unknown name is a one-line :class:`ModelError` listing the known ones."""
+    families = family_infos()
+    if name not in families:
+        raise ModelError(f"unknown model family '{name}' (known: {', '.join(families)})")
+    return families[name]
+
+
+def builtin_family(spec: str) -> FamilyInfo:
+    """The family that writes ``builtin:<name>`` (a one-line :class:`ModelError` for an unknown one)."""
+    name = spec[len(BUILTIN_PREFIX):] if spec.startswith(BUILTIN_PREFIX) else spec
+    families = family_infos()
+    for info in families.values():
+        if name in info.builtins:
+            return info
+    known = ", ".join(BUILTIN_PREFIX + b for f in families.values() for b in f.builtins)
+    raise ModelError(f"unknown built-in model '{BUILTIN_PREFIX}{name}' (known: {known})")
+
+
+def detect_family(model_dir: Path | str) -> FamilyInfo:
+    """The family of a model dir, from the config file it holds (``cosyvoice2.yaml``, ...).
+
+    None or several of them is a one-line :class:`ModelError`: the recipe can then name the
+    family (``model.family``).
+    """
+    root = Path(model_dir)
+    families = family_infos()
+    found = [f for f in families.values() if (root / f.config_file).is_file()]
+    if len(found) == 1:
+        return found[0]
+    files = ", ".join(f.config_file for f in families.values())
+    if not found:
+        raise ModelError(f"{root}: holds no model config of a known family (one of: {files}), so it is not a "
+                         f"model dir")
+    raise ModelError(f"{root}: holds the configs of several families ({', '.join(f.config_file for f in found)}); "
+                     f"name one in the recipe's model.family")
+
+
+def resolve_family(model: str | Path, named: str | None = None) -> FamilyInfo:
+    """The family of a recipe's model: the one named (checked against the registry), else the one
+    that writes the built-in, else the one whose config file the model dir holds."""
+    if named is not None:
+        return get_family(named)
+    if isinstance(model, str) and model.startswith(BUILTIN_PREFIX):
+        return builtin_family(model)
+    return detect_family(model)
+
+
+def load_models(model_dir: Path | str, stages: Iterable[str], family: str | None = None) -> Any:
+    """The networks of ``stages`` from a model dir (or ``builtin:<name>``) through its family's loader."""
+    return resolve_family(model_dir, family).hook("loader")(model_dir, tuple(stages))
+
+
+def stage_runtime_class(stage: str, info: Mapping[str, Any]) -> Any:
+    """The runtime class of ``stage`` for a graphs dir whose ``info`` names the family that exported it."""
+    return get_family(str(info.get("family", LEGACY_FAMILY))).hook("runtimes", stage)

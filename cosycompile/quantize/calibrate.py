@@ -66,15 +66,16 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.reference.runners import load_reference, reference_runtime
+    from cosycompile.stages import pipeline_stages
     from cosycompile.stages.common import model_dir
 
     p = ctx.params["calibration"]
     mdir = model_dir(ctx)
-    models = load_reference(mdir, ("llm", "flow", "hift"), threads=2)
-    llm, flow, hift = (reference_runtime(s, models) for s in ("llm", "flow", "hift"))
+    models = load_reference(mdir, threads=2, family=ctx.params.get("family"))
+    pipe = Pipeline({s: reference_runtime(s, models) for s in pipeline_stages()})
+    llm, flow, hift = pipe.llm, pipe.flow, pipe.hift
     enc, est, voc = RecordingRunner(flow.encoder), RecordingRunner(flow.estimator), RecordingRunner(hift.runner)
     flow.encoder, flow.estimator, hift.runner = enc, est, voc
-    pipe = Pipeline(llm, flow, hift)
     frontend = Frontend(mdir)
     sampling = Sampling(**p["sampling"])
     items = load_dataset(ctx.file_roots["calib"], what="calibration set").head(p["max_items"])

@@ -113,7 +113,9 @@ class Recipe(_Strict):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
-    model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a CosyVoice2 model dir")
+    model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a model dir; or a mapping "
+                                   "{path: <that>, family: <name>} naming the model family (model.family), "
+                                   "which is otherwise read from the model dir's config file")
     target: str = "cpu"
     stages: dict[str, StageSpec] = Field(default_factory=dict)
     calibration: CalibrationSpec = CalibrationSpec()
@@ -123,6 +125,13 @@ class Recipe(_Strict):
     source: str = ""
     base_dir: str = ""
     _typed: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
+    _family: str | None = PrivateAttr(default=None)
+
+    @property
+    def model_family(self) -> str | None:
+        """The family the recipe names (``model.family``), checked against the registry at load; None:
+        read from the model (the built-in's family, or the config file the model dir holds)."""
+        return self._family
 
     def stage(self, name: str) -> StageSpec:
         """The spec of stage ``name`` (defaults for a stage the recipe does not mention)."""
@@ -147,7 +156,8 @@ class Recipe(_Strict):
 
 
 # Keys holding paths; each is resolved against the folder of the file that sets it.
-PATH_KEYS = (("model",), ("validation", "eval_set"), ("calibration", "set"), ("validation", "gate", "baseline"))
+PATH_KEYS = (("model",), ("model", "path"), ("validation", "eval_set"), ("calibration", "set"),
+             ("validation", "gate", "baseline"))
 
 
 def _absolutize(located: Located, folder: Path) -> None:
@@ -238,12 +248,38 @@ def load_recipe(path: str | Path) -> Recipe:
             raise RecipeError(f"{located.where((reserved,))}: unknown key '{reserved}'")
     data["source"] = str(path)
     data["base_dir"] = str(path.resolve().parent)
+    family = _model_mapping(data, located)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(_format_pydantic(exc, located)) from None
+    recipe._family = family
     _check_combinations(recipe, located)
     return recipe
+
+
+def _model_mapping(data: dict[str, Any], located: Located) -> str | None:
+    """Unfold ``model: {path, family}`` into ``model: <path>`` and return the family it names (None
+    for the plain string form); the family is checked against the registry."""
+    model = data.get("model")
+    if not isinstance(model, dict):
+        return None
+    for key in model:
+        if key not in ("path", "family"):
+            raise RecipeError(f"{located.where(('model', key))}: unknown key 'model.{key}' (known: path, family)")
+    if "path" not in model:
+        raise RecipeError(f"{located.where(('model',))}: missing required key 'model.path'")
+    data["model"] = model["path"]
+    family = model.get("family")
+    if family is None:
+        return None
+    from cosycompile.families import family_infos
+
+    known = family_infos()
+    if not isinstance(family, str) or family not in known:
+        raise RecipeError(f"{located.where(('model', 'family'))}: unknown model family {family!r} "
+                          f"(known: {', '.join(known)})")
+    return family
 
 
 def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: KeyPath,

@@ -10,6 +10,7 @@ import torch
 
 from cosycompile.runtime.graphspec import GraphSpec
 from cosycompile.runtime.pipeline import Pipeline
+from cosycompile.stages import pipeline_stages
 
 
 class TorchRunner:
@@ -30,26 +31,28 @@ class TorchRunner:
 
 
 def reference_runtime(stage: str, models: Any) -> Any:
-    """The stage runtime over PyTorch modules (assets and constants taken from the model itself)."""
-    from cosycompile.core.plugins import load_object
+    """The stage runtime of the models' family over PyTorch modules (assets and constants taken from
+    the model itself)."""
+    from cosycompile.families import get_family
     from cosycompile.stages import get_stage
 
     sinfo = get_stage(stage)
     modules, assets, info = sinfo.hook("modules")(models)
     # A graph only GPU programs carry (the static-cache LLM step) adds nothing to a CPU reference.
     runners = {g.name: TorchRunner(modules[g.name], g) for g in sinfo.graphs if not g.gpu_program_only}
-    return load_object(sinfo.runtime).from_runners(runners, assets, info)
+    return get_family(models.family).hook("runtimes", stage).from_runners(runners, assets, info)
 
 
-def load_reference(model_dir: Path, stages: tuple[str, ...] = ("llm", "flow", "hift"), threads: int = 2) -> Any:
-    """LoadedModels for ``stages`` with torch limited to ``threads`` (fair speed comparisons)."""
-    from cosycompile.models.loader import load_models
+def load_reference(model_dir: Path, stages: tuple[str, ...] | None = None, threads: int = 2,
+                   family: str | None = None) -> Any:
+    """The family's loaded models for ``stages`` (every stage of the pipeline by default) with torch
+    limited to ``threads`` (fair speed comparisons); ``family``: the recipe's, else read from the dir."""
+    from cosycompile.families import load_models
 
     torch.set_num_threads(threads)
-    return load_models(model_dir, stages)
+    return load_models(model_dir, stages if stages is not None else pipeline_stages(), family)
 
 
 def reference_pipeline(models: Any) -> Pipeline:
     """Text -> wav on the PyTorch modules, through the same numpy control flow as every build."""
-    return Pipeline(reference_runtime("llm", models), reference_runtime("flow", models),
-                    reference_runtime("hift", models))
+    return Pipeline({s: reference_runtime(s, models) for s in pipeline_stages()})

@@ -30,14 +30,14 @@ def run(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.stages.common import model_dir
 
     p = ctx.params
-    models = load_reference(model_dir(ctx), tuple(stage_infos()), p["threads"])
+    models = load_reference(model_dir(ctx), tuple(stage_infos()), p["threads"], p.get("family"))
     runtimes = {s: reference_runtime(s, models) for s in stage_infos()}
     inputs = eval_inputs(ctx)
     extra = {"speech_token_size": models.config.speech_token_size}
     for name, sinfo in ctx.progress(list(stage_infos().items()), desc="stage references"):
         arrays = sinfo.hook("reference")(runtimes[name], inputs, p["checks"][name], {**p, **extra})
         np.savez(ctx.out / f"{name}.npz", **arrays)
-    pipe = Pipeline(runtimes["llm"], runtimes["flow"], runtimes["hift"])
+    pipe = Pipeline(runtimes)
     sampling = Sampling(**p["sampling"])
     arrays, seconds = {}, []
     for n, (text_ids, prompt) in enumerate(ctx.progress(inputs, desc="text -> wav")):

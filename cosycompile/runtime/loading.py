@@ -178,8 +178,7 @@ _SHARED: dict[str, tuple[tuple[str, int, int], Any]] = {}
 def stage_runtime(stage: str, engine_dir: Path, threads: int, share: bool = False) -> Any:
     """The runtime object of one stage over its built engine; with ``share``, the one this process
     already loaded from the same dir with the same threads is reused."""
-    from cosycompile.core.plugins import load_object
-    from cosycompile.stages import get_stage
+    from cosycompile.families import stage_runtime_class
 
     passport = engine_dir / PASSPORT
     ident = (str(engine_dir.resolve()), threads, passport.stat().st_mtime_ns) if share and passport.is_file() else None
@@ -187,7 +186,8 @@ def stage_runtime(stage: str, engine_dir: Path, threads: int, share: bool = Fals
         return _SHARED[stage][1]
     runners = load_runners(engine_dir, threads)
     gd = read_graphs_dir(engine_dir)
-    runtime = load_object(get_stage(stage).runtime).from_runners(runners, load_assets(engine_dir), gd.info)
+    # The family that exported the graphs (written into their info) owns the runtime that runs them.
+    runtime = stage_runtime_class(stage, gd.info).from_runners(runners, load_assets(engine_dir), gd.info)
     if ident is not None:
         _SHARED[stage] = (ident, runtime)
     return runtime

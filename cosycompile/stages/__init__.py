@@ -1,10 +1,12 @@
 """Stages as plug-ins: each sub-folder is one stage, named as recipes name it (``stages.<name>``).
 
 A stage folder's ``__init__.py`` is light: it defines ``PLUGIN = StageInfo(...)`` with the graphs
-the stage exports (their specs), the model files it reads, its check's workload spec and the
-metrics its check reports. Its heavy code sits beside it: ``export.py`` (``export(ctx)``, and the
-torch modules, assets and constants of its graphs) and ``check.py`` (``reference(...)`` computed
-once per model into the reference step, and ``check(ctx)`` comparing an engine with it).
+the stage exports (their specs), its check's workload spec and the metrics its check reports. A
+stage is a role (text -> tokens -> mel -> wav); the files it reads from a model dir and the runtime
+that runs its graphs are the model family's (``cosycompile.families``). Its heavy code sits beside
+it: ``export.py`` (``export(ctx)``, and the torch modules, assets and constants of its graphs) and
+``check.py`` (``reference(...)`` computed once per model into the reference step, and ``check(ctx)``
+comparing an engine with it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,22 @@ from pydantic import BaseModel
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.runtime.graphspec import GraphSpec
-from cosycompile.validate.registry import Metric
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named figure: ``key`` is where the producing check stores it, ``higher`` its good direction.
+
+    Declared by each stage plug-in (its check's figures) and by ``validate.registry`` (the pipeline
+    and speed figures); the registry gives each its full name.
+    """
+
+    name: str
+    key: str
+    higher: bool
+    unit: str = ""
+    kind: str = "quality"  # or "speed"
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -25,11 +42,9 @@ class StageInfo:
 
     order: int  # position in text -> tokens -> mel -> wav
     summary: str
-    model_files: tuple[str, ...]  # files of a model dir the stage's network is read from
     graphs: tuple[GraphSpec, ...]
     check_spec: type[BaseModel]
     metrics: tuple[Metric, ...]
-    runtime: str  # "module:Class" of the torch-free runtime built over the graphs' runners
     export: str = ".export:export"
     # The export for backends that consume a checkpoint (``BackendInfo.consumes == "checkpoint"``),
     # e.g. the LLM's HF rewrite; None: the stage cannot feed such a backend.
@@ -59,6 +74,11 @@ class StageInfo:
 def stage_infos() -> dict[str, StageInfo]:
     """Every stage plug-in, in pipeline order."""
     return dict(sorted(discover("stages").items(), key=lambda kv: kv[1].order))
+
+
+def pipeline_stages() -> tuple[str, ...]:
+    """The stage names in pipeline order (text -> tokens -> mel -> wav)."""
+    return tuple(stage_infos())
 
 
 def get_stage(name: str) -> StageInfo:

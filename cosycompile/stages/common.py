@@ -128,14 +128,15 @@ def export_program(module: Any, spec: Any, info: dict[str, Any]) -> tuple[Any, d
 def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") -> dict[str, Any]:
     """Load the stage's network, write each graph with ``write(spec, module, info) -> (file name,
     raised dim minimums)``, then its assets and ``graphs.json``."""
-    from cosycompile.models.loader import load_models
+    from cosycompile.families import load_models
     from cosycompile.stages import get_stage
 
     sinfo = get_stage(stage)
-    models = load_models(model_dir(ctx), (stage,))
+    models = load_models(model_dir(ctx), (stage,), ctx.params.get("family"))
     modules, assets, info = sinfo.hook("modules")(models)
-    # The recipe's runtime settings (validated by the stage's runtime spec) override the model's.
-    info = {**info, **ctx.params.get("runtime", {})}
+    # The recipe's runtime settings (validated by the stage's runtime spec) override the model's; the
+    # family tells a loader of the graphs dir which runtime runs them.
+    info = {**info, "family": models.family, **ctx.params.get("runtime", {})}
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for spec in sinfo.graphs:
         if spec.gpu_program_only and (fmt == "onnx" or ctx.params.get("target_kind") != "gpu"):

@@ -25,6 +25,7 @@ PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slo
 def run(ctx: StepContext) -> dict[str, Any]:
     """The ``pipeline.check`` step."""
     from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.stages import pipeline_stages
     from cosycompile.stages.eval_set import eval_inputs
     from cosycompile.runtime.dataset import load_dataset
     from cosycompile.validate import metrics as M
@@ -34,10 +35,11 @@ def run(ctx: StepContext) -> dict[str, Any]:
     v = p["validation"]
     threads = v["speed"]["threads"]
     built_stages = {s: stage_runtime(s, ctx.inputs[f"{s}.engine"], threads, share=True) for s in p["stages"]}
+    stages = pipeline_stages()
     ref_models = None
-    if len(built_stages) < 3 or v["speed"]["reference"] == "same-run":
+    if len(built_stages) < len(stages) or v["speed"]["reference"] == "same-run":
         ref_models = _reference_models(ctx, threads)
-    built = Pipeline(*(built_stages.get(s) or _ref_stage(s, ref_models) for s in ("llm", "flow", "hift")))
+    built = Pipeline({s: built_stages.get(s) or _ref_stage(s, ref_models) for s in stages})
     sampling = Sampling(**v["sampling"])
     items = load_dataset(ctx.file_roots["eval"]).head(v["max_items"])
     inputs = eval_inputs(ctx)
@@ -80,7 +82,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
 
     speed: dict[str, Any] = {}
     if inputs and first_out is not None:
-        ref_pipe = Pipeline(*(_ref_stage(s, ref_models) for s in ("llm", "flow", "hift"))) if ref_models else None
+        ref_pipe = Pipeline({s: _ref_stage(s, ref_models) for s in stages}) if ref_models else None
         cached = json.loads((ctx.inputs["reference"] / "timing.json").read_text())
         speed = _speed(ref_pipe, cached, built, inputs[0], first_out, first_seconds, sampling, v["speed"], ctx)
         speed["throughput"] = _throughput(built, inputs, sampling, v["speed"]["throughput"])
@@ -106,7 +108,7 @@ def _reference_models(ctx: StepContext, threads: int) -> Any:
     from cosycompile.reference.runners import load_reference
     from cosycompile.stages.common import model_dir
 
-    return load_reference(model_dir(ctx), ("llm", "flow", "hift"), threads)
+    return load_reference(model_dir(ctx), threads=threads, family=ctx.params.get("family"))
 
 
 def _ref_stage(stage: str, models: Any) -> Any:

@@ -9,17 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-
-@dataclass(frozen=True)
-class Metric:
-    """A named figure: ``key`` is where the producing check stores it, ``higher`` its good direction."""
-
-    name: str
-    key: str
-    higher: bool
-    unit: str = ""
-    kind: str = "quality"  # or "speed"
-    description: str = ""
+from cosycompile.stages import Metric, pipeline_stages
 
 
 @dataclass(frozen=True)
@@ -43,7 +33,7 @@ PIPELINE_METRICS = (
 )
 SPEED_METRICS = tuple(
     Metric(part, "speedup", True, "x", "speed", f"{part.replace('_', ' ')} speed-up over the FP32 reference")
-    for part in ("llm", "flow", "hift", "end_to_end")
+    for part in (*pipeline_stages(), "end_to_end")
 )
 
 

@@ -14,12 +14,13 @@ import pytest
 from cosycompile.backends.onnxruntime import Options
 from cosycompile.backends.onnxruntime.build import KVCacheRunner, OrtRunner, build, load
 from cosycompile.backends.onnxruntime.kv_cache import KeptCacheDecoder, layer_names, split_kv_cache
-from cosycompile.models.loader import load_models
+from cosycompile.families.cosyvoice2.loader import load_models
 from cosycompile.onnx.tools import export_onnx
 from cosycompile.recipe.targets import Target
 from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.runtime.loading import PASSPORT
-from cosycompile.runtime.pipeline import LLMRuntime, Prompt, Sampling
+from cosycompile.families.cosyvoice2.runtimes import LLMRuntime
+from cosycompile.runtime.pipeline import Prompt, Sampling
 from cosycompile.stages.llm import LLM_STEP
 from cosycompile.stages.llm.export import stage_parts
 

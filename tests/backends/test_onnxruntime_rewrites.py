@@ -17,7 +17,7 @@ from cosycompile.backends.onnxruntime import Options
 from cosycompile.backends.onnxruntime.attention import fuse_attention
 from cosycompile.backends.onnxruntime.build import OrtRunner, build
 from cosycompile.backends.onnxruntime.mish import rewrite_mish
-from cosycompile.models.loader import load_models
+from cosycompile.families.cosyvoice2.loader import load_models
 from cosycompile.onnx.tools import export_onnx, simplify
 from cosycompile.recipe.targets import Target
 from cosycompile.runtime.graphs_dir import GraphsDir

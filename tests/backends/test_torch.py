@@ -64,7 +64,8 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
     from cosycompile.recipe.targets import TARGETS
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.runtime.loading import load_assets
-    from cosycompile.runtime.pipeline import LLMRuntime, Prompt, Sampling
+    from cosycompile.families.cosyvoice2.runtimes import LLMRuntime
+    from cosycompile.runtime.pipeline import Prompt, Sampling
 
     recipe = write_recipe(tmp_path / "h100.yaml", {
         "name": "h100-torch-llm", "target": "h100",
@@ -204,7 +205,7 @@ def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path) -> None
     dim, which the exporter cannot prove from 1, is exported from 2 and the spec says so."""
     import torch
 
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 

@@ -77,7 +77,7 @@ def _fake_trtllm(root: Path, version: str, monkeypatch: pytest.MonkeyPatch, with
 @pytest.fixture(scope="module")
 def rewrite_src(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the llm export step hands a checkpoint backend: a graphs dir with the FP32 rewrite in hf/."""
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
     from cosycompile.runtime.graphs_dir import GraphsDir
     from cosycompile.stages.llm.export import stage_parts
     from cosycompile.stages.llm.hf_rewrite import write_hf_rewrite

@@ -30,7 +30,7 @@ ORACLE_ROOTS = [
     "cosycompile.cli",
     "cosycompile.validate.pipeline_check",
     "cosycompile.quantize.calibrate",
-    "cosycompile.models.loader",
+    "cosycompile.families.cosyvoice2.loader",
     "cosycompile.stages.flow",
     "cosycompile.plan",
 ]
@@ -107,7 +107,7 @@ def test_closure_matches_modulefinder_for_every_module() -> None:
 
 
 def test_closure_of_several_roots_is_the_union() -> None:
-    a, b = "cosycompile.models.loader", "cosycompile.validate.metrics"
+    a, b = "cosycompile.families.cosyvoice2.loader", "cosycompile.validate.metrics"
     assert module_closure([a, b]) == sorted(set(module_closure([a])) | set(module_closure([b])))
     assert module_closure([]) == []
 
@@ -136,7 +136,7 @@ def test_relative_nested_conditional_and_dynamic_imports(pkg_copy: Path) -> None
             from .sub import b
             from ..runtime import dsp          # a submodule through a relative from-import
             from .. import errors              # "..": cosycompile itself, then its submodule
-            from ..models.config import PRESETS  # an attribute: loads only models.config
+            from ..families.cosyvoice2.config import PRESETS  # an attribute: loads only that module
             """
         )
     )
@@ -183,7 +183,7 @@ def test_relative_nested_conditional_and_dynamic_imports(pkg_copy: Path) -> None
     imported = [
         "cosycompile.runtime.dsp",
         "cosycompile.errors",
-        "cosycompile.models.config",
+        "cosycompile.families.cosyvoice2.config",
         "cosycompile.recipe.targets",
         "cosycompile.onnx.tools",
         "cosycompile.cache.local",
@@ -234,7 +234,7 @@ def test_comment_changes_digest_of_exactly_the_roots_that_reach_it(pkg_copy: Pat
             "cosycompile.cli",
             "cosycompile.stages.flow",
             "cosycompile.stages.hift",
-            "cosycompile.models.loader",
+            "cosycompile.families.cosyvoice2.loader",
             "cosycompile.runtime.dsp",
             "cosycompile.validate.metrics",
             "cosycompile.errors",
@@ -248,7 +248,7 @@ def test_comment_changes_digest_of_exactly_the_roots_that_reach_it(pkg_copy: Pat
             "cosycompile",
             "cosycompile.errors",
             "cosycompile.runtime.dsp",
-            "cosycompile.models.config",
+            "cosycompile.families.cosyvoice2.config",
             "cosycompile.stages.common",
             "cosycompile.stages.hift",
             "cosycompile.validate.gate",
@@ -269,7 +269,7 @@ def test_comment_changes_digest_of_exactly_the_roots_that_reach_it(pkg_copy: Pat
 def test_digest_is_independent_of_location_and_stable(tmp_path: Path, pkg_copy: Path) -> None:
     other = tmp_path / "elsewhere" / "cosycompile"
     shutil.copytree(pkg_copy, other)
-    roots = ["cosycompile.cli", "cosycompile.models.loader"]
+    roots = ["cosycompile.cli", "cosycompile.families.cosyvoice2.loader"]
     d = code_digest(roots, package_root=pkg_copy)
     assert len(d) == 64 and int(d, 16) >= 0
     assert code_digest(roots, package_root=other) == d
@@ -402,12 +402,12 @@ def test_persistent_cache_round_trip(tmp_path: Path, pkg_copy: Path, fresh_cache
 
 @pytest.mark.parametrize("garbage", ["{not json", "[]", '{"version": 1, "files": {"x": [1]}}', '{"version": 99, "files": {}}'])
 def test_corrupt_persistent_cache_is_ignored(tmp_path: Path, pkg_copy: Path, fresh_cache: None, garbage: str) -> None:
-    expected = code_digest(["cosycompile.models.loader"], package_root=pkg_copy)
+    expected = code_digest(["cosycompile.families.cosyvoice2.loader"], package_root=pkg_copy)
     keys._facts.clear()
     cache = tmp_path / "code-keys.json"
     cache.write_text(garbage)
     set_persistent_cache(cache)
-    assert code_digest(["cosycompile.models.loader"], package_root=pkg_copy) == expected
+    assert code_digest(["cosycompile.families.cosyvoice2.loader"], package_root=pkg_copy) == expected
     assert json.loads(cache.read_text())["version"] == 1  # rewritten in the current format
 
 
@@ -435,7 +435,7 @@ def test_closure_imports_nothing(tmp_path: Path) -> None:
         import json, sys
         before = set(sys.modules)
         from cosycompile.core.keys import code_digest, module_closure
-        closure = module_closure(["cosycompile.cli", "cosycompile.stages.flow"])
+        closure = module_closure(["cosycompile.cli", "cosycompile.stages.flow", "cosycompile.families.cosyvoice2.loader"])
         code_digest(["cosycompile.cli"])
         print(json.dumps({"closure": closure, "new": sorted(set(sys.modules) - before)}))
         """
@@ -443,7 +443,7 @@ def test_closure_imports_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path, env=env)
     result = json.loads(out.stdout)
-    assert "cosycompile.models.flow" in result["closure"]  # the walk did reach torch users
+    assert "cosycompile.families.cosyvoice2.flow" in result["closure"]  # the walk did reach torch users
     new = set(result["new"])
     assert not {"torch", "numpy", "onnx", "onnxruntime", "transformers"} & new
     assert {m for m in new if m.startswith("cosycompile")} == {"cosycompile", "cosycompile.core", "cosycompile.core.keys"}

@@ -339,10 +339,10 @@ def test_clamping_a_shared_reciprocal_does_not_touch_its_other_reader() -> None:
 def test_tiny_snake_is_tiny_with_four_tiny_alphas(tmp_path: Path) -> None:
     import torch
 
-    from cosycompile.models.loader import TINY_SNAKE_PARAM, init_model, load_models
-    from cosycompile.plan import BUILTIN_MODELS
+    from cosycompile.families.cosyvoice2.loader import TINY_SNAKE_PARAM, init_model, load_models
+    from cosycompile.families import get_family
 
-    assert "tiny-snake" in BUILTIN_MODELS
+    assert "tiny-snake" in get_family("cosyvoice2").builtins
     init_model("builtin:tiny", tmp_path / "tiny")
     init_model("builtin:tiny-snake", tmp_path / "snake")
     a = torch.load(tmp_path / "tiny" / "hift.pt", weights_only=True)

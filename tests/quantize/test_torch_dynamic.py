@@ -16,7 +16,7 @@ from helpers import REPO, run_cli, until_outputs, write_recipe
 @pytest.fixture(scope="module")
 def programs(tiny_model_dir: Path) -> dict[str, Any]:
     """The flow estimator and LLM decode step of the tiny model as exported programs, with inputs."""
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program, program_example_inputs
 

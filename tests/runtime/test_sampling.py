@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cosycompile.runtime.pipeline import LLMRuntime, Prompt
+from cosycompile.families.cosyvoice2.runtimes import LLMRuntime
+from cosycompile.runtime.pipeline import Prompt
 from cosycompile.runtime.pipeline import Sampling as PipelineSampling
 from cosycompile.runtime.sampling import (Sampling, nucleus_sampling, random_sampling, ras_sampling,
                                           sampling_ids)
@@ -285,7 +286,7 @@ def test_pipeline_sampling_is_the_same_class() -> None:
 def tiny_llm(tiny_model_dir: Path) -> Any:
     import torch
 
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
 
     torch.set_num_threads(2)
     return load_models(tiny_model_dir, ("llm",))

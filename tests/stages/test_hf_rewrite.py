@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosycompile.models.loader import init_model, load_models
+from cosycompile.families.cosyvoice2.loader import init_model, load_models
 from cosycompile.stages.llm.hf_rewrite import (MODELING_FILE, PREFIX_FILE, TOKEN_MAP_FILE, padded_vocab, token_map,
                                               write_hf_rewrite)
 

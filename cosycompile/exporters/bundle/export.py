@@ -25,11 +25,6 @@ from cosycompile.core.hashing import sha256_file, tool_versions
 MANIFEST = "manifest.json"
 FRONTEND_DIR = "frontend"
 MANIFEST_SCHEMA = 2  # 2: "files" (every file's sha256) and the front end in frontend/
-# Files the front end may read besides those the plan hashes for it (plan.FRONTEND_FILES): the Qwen2
-# config (vocab size of a built-in's stand-in tokenizer, model_type for a real one) and the tokenizer
-# files transformers also reads when they are present.
-_FRONTEND_EXTRA = ("CosyVoice-BlankEN/config.json", "CosyVoice-BlankEN/special_tokens_map.json",
-                   "CosyVoice-BlankEN/added_tokens.json")
 
 
 def bundle_dir(plan: Any, store: Store) -> Path:
@@ -37,11 +32,11 @@ def bundle_dir(plan: Any, store: Store) -> Path:
     return store.root / "builds" / f"{plan.recipe.name}-{plan.final.key(store)[:12]}"
 
 
-def frontend_files(model_dir: Path) -> list[str]:
-    """The files of ``model_dir`` (relative paths) that :class:`cosycompile.runtime.frontend.Frontend` reads."""
-    from cosycompile.plan import FRONTEND_FILES
-
-    return sorted(f for f in {*FRONTEND_FILES, *_FRONTEND_EXTRA} if (Path(model_dir) / f).is_file())
+def frontend_files(model_dir: Path, family: Any) -> list[str]:
+    """The files of ``model_dir`` (relative paths) that :class:`cosycompile.runtime.frontend.Frontend` reads:
+    those the plan hashes for it and those the family's bundles carry besides (``FamilyInfo``)."""
+    wanted = {*family.frontend_files, *family.bundle_files}
+    return sorted(f for f in wanted if (Path(model_dir) / f).is_file())
 
 
 def export(plan: Any, store: Store, result: BuildResult) -> Path:
@@ -74,7 +69,7 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
                 _link(str(f), str(tmp / f.name))
             else:
                 shutil.copytree(f, tmp / f.name, copy_function=_link)
-        _copy_frontend(recipe, result, tmp / FRONTEND_DIR)
+        _copy_frontend(recipe, result, tmp / FRONTEND_DIR, plan.family)
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "cosycompile": __version__,
@@ -140,9 +135,9 @@ def _publish(tmp: Path, dest: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _copy_frontend(recipe: Any, result: BuildResult, out: Path) -> None:
+def _copy_frontend(recipe: Any, result: BuildResult, out: Path, family: Any) -> None:
     """Copy the front end's files of the model the build used into ``out`` (the model dir's layout)."""
-    from cosycompile.plan import BUILTIN_PREFIX
+    from cosycompile.families import BUILTIN_PREFIX
 
     if recipe.model.startswith(BUILTIN_PREFIX):
         # A built-in model is the ``model`` step's cache entry: immutable, so hard links are safe.
@@ -150,7 +145,7 @@ def _copy_frontend(recipe: Any, result: BuildResult, out: Path) -> None:
     else:
         # A real model dir belongs to the user and may be edited in place: copy, never link.
         src, copy = recipe.resolve_path(recipe.model), _copy
-    for rel in frontend_files(src):
+    for rel in frontend_files(src, family):
         copy(str(src / rel), str(out / rel))
 
 

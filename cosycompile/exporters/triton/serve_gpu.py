@@ -1,9 +1,10 @@
 """Python models of the GPU layout (see :mod:`.gpu`); they run in Triton's python stub.
 
-The control flow is cosycompile's runtime: :class:`~cosycompile.runtime.pipeline.FlowRuntime` and
-:class:`~cosycompile.runtime.pipeline.HiFTRuntime` over :class:`BlsRunner`s, which run a graph as a
-BLS request to its ``tensorrt_plan`` model. The LM runs in the ``tensorrt_llm`` model or behind a
-trtllm-serve URL; its vocabulary is CosyVoice2's HF-format LLM (speech token s = id 151663 + s).
+The control flow is cosycompile's runtime: the model family's flow and HiFT runtimes (CosyVoice2's
+:class:`~cosycompile.families.cosyvoice2.runtimes.FlowRuntime` and ``HiFTRuntime``) over
+:class:`BlsRunner`s, which run a graph as a BLS request to its ``tensorrt_plan`` model. The LM
+runs in the ``tensorrt_llm`` model or behind a trtllm-serve URL; its vocabulary is CosyVoice2's
+HF-format LLM (speech token s = id 151663 + s).
 Not exercised on a GPU by the tests (no GPU where they run); they check the configs.
 """
 
@@ -105,7 +106,7 @@ class Token2Wav(_Base):
         super().initialize(args)
         from cosycompile.runtime.graphs_dir import read_graphs_dir
         from cosycompile.runtime.loading import load_assets
-        from cosycompile.runtime.pipeline import FlowRuntime, HiFTRuntime
+        from cosycompile.families import stage_runtime_class
         from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
         from cosycompile.stages.hift import HIFT
 
@@ -113,8 +114,9 @@ class Token2Wav(_Base):
         runners = {g.name: BlsRunner(self.pb, model, g.input_names, g.output_names)
                    for g, model in ((FLOW_ENCODER, "flow_encoder"), (FLOW_ESTIMATOR, "flow_estimator"),
                                     (HIFT, "vocoder"))}
-        self.flow = FlowRuntime.from_runners(runners, load_assets(flow_dir), read_graphs_dir(flow_dir).info)
-        self.hift = HiFTRuntime.from_runners(runners, {}, read_graphs_dir(hift_dir).info)
+        flow_info, hift_info = read_graphs_dir(flow_dir).info, read_graphs_dir(hift_dir).info
+        self.flow = stage_runtime_class("flow", flow_info).from_runners(runners, load_assets(flow_dir), flow_info)
+        self.hift = stage_runtime_class("hift", hift_info).from_runners(runners, {}, hift_info)
 
     def _wav(self, request: Any) -> dict[str, np.ndarray]:
         from cosycompile.runtime.pipeline import Prompt

@@ -81,9 +81,9 @@ def exclusion_preflight(model_dir_or_preset: Any, patterns: list[str]) -> None:
     """Check exclusions against the network built on the meta device (no weights, no work)."""
     import torch
 
-    from cosycompile.models.config import PRESETS, ModelConfig
-    from cosycompile.models.loader import VARIANTS, read_model_config
-    from cosycompile.models.qwen2lm import Qwen2LM
+    from cosycompile.families.cosyvoice2.config import PRESETS, ModelConfig
+    from cosycompile.families.cosyvoice2.loader import VARIANTS, read_model_config
+    from cosycompile.families.cosyvoice2.qwen2lm import Qwen2LM
 
     if isinstance(model_dir_or_preset, str):  # a built-in name; variants share their preset's config
         model_dir_or_preset = PRESETS[VARIANTS.get(model_dir_or_preset, (model_dir_or_preset,))[0]]
@@ -107,7 +107,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
     from cosycompile.stages.common import model_dir
     from cosycompile.stages.llm.export import stage_parts
 
@@ -224,7 +224,7 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.models.qwen2lm import LLMDecodeStep
+    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep
     from cosycompile.onnx.tools import export_onnx
 
     fmt = p["format"]

@@ -1,6 +1,6 @@
 """Flow stage: the token encoder graph and the CFM estimator graph (batch 2 for CFG, dynamic T).
 
-The Euler loop and CFG mixing stay in numpy (runtime.pipeline.FlowRuntime) so every backend runs
+The Euler loop and CFG mixing stay in numpy (the model family's FlowRuntime) so every backend runs
 the exact same solver; only the estimator, called once per CFM step (10 per utterance unless a recipe sets
 ``runtime.n_timesteps``), and the encoder compile.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from cosycompile.runtime.graphspec import Dim, GraphSpec, Tensor
-from cosycompile.stages import StageInfo
-from cosycompile.validate.registry import Metric
+from cosycompile.stages import Metric, StageInfo
 
 FLOW_ENCODER = GraphSpec(
     name="flow_encoder",
@@ -60,7 +59,6 @@ class FlowRuntimeSettings(BaseModel):
 PLUGIN = StageInfo(
     order=1,
     summary="flow encoder + CFM estimator (1-D UNet, batch 2 for CFG)",
-    model_files=("cosyvoice2.yaml", "flow.pt"),
     graphs=(FLOW_ENCODER, FLOW_ESTIMATOR),
     check_spec=FlowCheck,
     metrics=(
@@ -68,6 +66,5 @@ PLUGIN = StageInfo(
         Metric("mel_snr_db", "cfm_mel_snr_db_min", True, "dB", description="min mel SNR after the CFM vs the model's FP32 mel"),
         Metric("speedup_vs_fp32", "speedup_vs_fp32", True, "x", "speed", "estimator vs the FP32 engine"),
     ),
-    runtime="cosycompile.runtime.pipeline:FlowRuntime",
     runtime_spec=FlowRuntimeSettings,
 )

@@ -11,7 +11,7 @@ from cosycompile.core.graph import StepContext
 
 def stage_parts(models: Any) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(graph modules, numpy assets, runtime constants) of the loaded flow network."""
-    from cosycompile.models.flow import FlowEncoderStep
+    from cosycompile.families.cosyvoice2.flow import FlowEncoderStep
 
     c = models.config.flow
     modules = {"flow_encoder": FlowEncoderStep(models.flow).eval(), "flow_estimator": models.flow.decoder.estimator.eval()}

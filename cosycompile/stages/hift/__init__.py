@@ -9,8 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from cosycompile.runtime.graphspec import Dim, GraphSpec, Tensor
-from cosycompile.stages import StageInfo
-from cosycompile.validate.registry import Metric
+from cosycompile.stages import Metric, StageInfo
 
 HIFT = GraphSpec(
     name="hift",
@@ -34,7 +33,6 @@ class HiFTCheck(BaseModel):
 PLUGIN = StageInfo(
     order=2,
     summary="HiFT vocoder up to the iSTFT",
-    model_files=("cosyvoice2.yaml", "hift.pt"),
     graphs=(HIFT,),
     check_spec=HiFTCheck,
     metrics=(
@@ -42,5 +40,4 @@ PLUGIN = StageInfo(
         Metric("log_mel_l1", "log_mel_l1_mean", False, "", description="mean log-mel L1 distance"),
         Metric("speedup_vs_fp32", "speedup_vs_fp32", True, "x", "speed", "vocoder vs the FP32 engine"),
     ),
-    runtime="cosycompile.runtime.pipeline:HiFTRuntime",
 )

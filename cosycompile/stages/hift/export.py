@@ -11,7 +11,7 @@ from cosycompile.core.graph import StepContext
 
 def stage_parts(models: Any) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(graph modules, numpy assets, runtime constants) of the loaded vocoder."""
-    from cosycompile.models.hift import HiFTNetStep
+    from cosycompile.families.cosyvoice2.hift import HiFTNetStep
 
     c = models.config.hift
     spf = int(np.prod(c.upsample_rates)) * c.istft_hop_len

@@ -9,8 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from cosycompile.runtime.graphspec import Dim, GraphSpec, Tensor
-from cosycompile.stages import StageInfo
-from cosycompile.validate.registry import Metric
+from cosycompile.stages import Metric, StageInfo
 
 LLM_STEP = GraphSpec(
     name="llm_step",
@@ -24,7 +23,7 @@ LLM_STEP = GraphSpec(
     calib_crop_dim="seq",
 )
 
-# The decode step over a cache of fixed size (models.qwen2lm.LLMStaticStep) that the torch backend's
+# The decode step over a cache of fixed size (a family's LLMStaticStep, e.g. cosyvoice2.qwen2lm) that the torch backend's
 # runtime replays as a CUDA graph; only torch programs for a GPU target carry it.
 LLM_STEP_STATIC = GraphSpec(
     name="llm_step_static",
@@ -51,7 +50,6 @@ class LLMCheck(BaseModel):
 PLUGIN = StageInfo(
     order=0,
     summary="Qwen2 LM decode step with KV cache -> speech-token logits",
-    model_files=("cosyvoice2.yaml", "llm.pt", "CosyVoice-BlankEN/config.json"),
     graphs=(LLM_STEP, LLM_STEP_STATIC),
     check_spec=LLMCheck,
     metrics=(
@@ -63,6 +61,5 @@ PLUGIN = StageInfo(
         Metric("kl", "kl", False, "nats"),
         Metric("speedup_vs_fp32", "speedup_vs_fp32", True, "x", "speed", "decode steps vs the FP32 engine"),
     ),
-    runtime="cosycompile.runtime.pipeline:LLMRuntime",
     checkpoint_export=".hf_rewrite:export_checkpoint",
 )

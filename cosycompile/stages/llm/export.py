@@ -36,7 +36,7 @@ class _BuiltOnFirstUse(Mapping[str, Any]):
 
 def stage_parts(models: Any) -> tuple[Mapping[str, Any], dict[str, np.ndarray], dict[str, Any]]:
     """(graph modules, numpy assets, runtime constants) of the loaded LM."""
-    from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
 
     lm = models.llm
     c = models.config.llm

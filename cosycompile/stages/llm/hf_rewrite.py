@@ -97,7 +97,7 @@ def padded_vocab(n: int, multiple: int = PAD_MULTIPLE) -> int:
 
 def text_tokenizer(model_dir: Path) -> Any | None:
     """CosyVoice2's text tokenizer with its special tokens, or None for a built-in model (stand-in tokenizer)."""
-    from cosycompile.models.loader import QWEN_DIR
+    from cosycompile.families.cosyvoice2 import QWEN_DIR
 
     if (Path(model_dir) / "builtin.json").is_file():
         return None
@@ -238,15 +238,15 @@ def export_checkpoint(ctx: StepContext) -> dict[str, Any]:
     and a graphs dir with no graphs (its ``info`` carries the runtime constants)."""
     import torch
 
-    from cosycompile.models.loader import load_models
+    from cosycompile.families import load_models
     from cosycompile.runtime.graphs_dir import GraphsDir
     from cosycompile.stages.common import model_dir
     from cosycompile.stages.llm.export import stage_parts
 
     torch.manual_seed(0)
     root = model_dir(ctx)
-    models = load_models(root, ("llm",))
+    models = load_models(root, ("llm",), ctx.params.get("family"))
     info = stage_parts(models)[2]
     meta = write_hf_rewrite(models.llm, models.config, root, ctx.out / CHECKPOINT_DIR, "float32")
-    GraphsDir(ctx.out, "llm", {}, {}, dict(info, precision="fp32", checkpoint=CHECKPOINT_DIR)).write()
+    GraphsDir(ctx.out, "llm", {}, {}, dict(info, family=models.family, precision="fp32", checkpoint=CHECKPOINT_DIR)).write()
     return meta

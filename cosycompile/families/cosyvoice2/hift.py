@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from cosycompile.models.config import HiFTConfig
+from .config import HiFTConfig
 
 
 def _padding(kernel: int, dilation: int = 1) -> int:

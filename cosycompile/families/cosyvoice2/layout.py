@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from cosycompile.errors import ModelError
+from . import CONFIG_FILE, QWEN_DIR
 
-QWEN_DIR = "CosyVoice-BlankEN"
 BUILTIN_MARKER = "builtin.json"
 STAGE_CHECKPOINTS = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}
 FRONTEND_MODELS = {"campplus.onnx": "speaker embedding (CAM++) of the front end",
@@ -33,7 +33,7 @@ def check_model_dir(root: Path, stages: Sequence[str]) -> None:
     what is wrong with it, and what needs it.
     """
     root = Path(root)
-    _need_file(root / "cosyvoice2.yaml", "the model config: without it this is not a CosyVoice2 model dir")
+    _need_file(root / CONFIG_FILE, "the model config: without it this is not a CosyVoice2 model dir")
     for stage in stages:
         name = STAGE_CHECKPOINTS.get(stage)
         if name is not None:

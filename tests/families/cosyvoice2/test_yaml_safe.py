@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from cosycompile.errors import ModelError
-from cosycompile.models.config import PRESETS
-from cosycompile.models.yaml_safe import Tagged, read_cosyvoice_yaml, read_model_config
+from cosycompile.families.cosyvoice2.config import PRESETS
+from cosycompile.families.cosyvoice2.yaml_safe import Tagged, read_cosyvoice_yaml, read_model_config
 
 # The layout of CosyVoice2-0.5B's cosyvoice2.yaml (model sections, plus the kind of training
 # entries whose tags would import and call code under hyperpyyaml).
@@ -187,7 +187,7 @@ def test_pyyaml_python_tags_are_rejected(tmp_path: Path) -> None:
 
 
 def test_reading_the_model_yaml_imports_no_torch() -> None:
-    code = ("import sys; import cosycompile.models.yaml_safe, cosycompile.models.config; "
+    code = ("import sys; import cosycompile.families.cosyvoice2.yaml_safe, cosycompile.families.cosyvoice2.config; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -230,8 +230,8 @@ def test_real_layout_maps_to_the_real_architecture(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("preset", ["tiny", "random-0.5b"])
 def test_builtin_yaml_round_trips(tmp_path: Path, preset: str) -> None:
-    from cosycompile.models.loader import _yaml_text
-    from cosycompile.models.qwen2lm import qwen2_config
+    from cosycompile.families.cosyvoice2.loader import _yaml_text
+    from cosycompile.families.cosyvoice2.qwen2lm import qwen2_config
 
     cfg = PRESETS[preset]
     qwen = qwen2_config(cfg.llm).to_dict()

@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 
 from cosycompile.errors import DataError, ModelError
-from cosycompile.models.layout import QWEN_DIR, check_model_dir
+from cosycompile.families.cosyvoice2.layout import QWEN_DIR, check_model_dir
 from helpers import copy_model, run_cli, write_recipe
 
 TOKENIZER_CONFIG = {"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
@@ -59,7 +59,10 @@ def _assert_fails_before_any_step(model: Path, tmp: Path, needle: str) -> None:
 def test_missing_file_fails_before_any_step(name: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     model = copy_model(tiny_model_dir, tmp_path / "model")
     (model / name).unlink()
-    _assert_fails_before_any_step(model, tmp_path, f"{model / name}: missing")
+    # Without its config file a dir is no family's: the error says which config files it looked for.
+    needle = f"{model}: holds no model config of a known family (one of: {name}" if name == "cosyvoice2.yaml" \
+        else f"{model / name}: missing"
+    _assert_fails_before_any_step(model, tmp_path, needle)
 
 
 def _write(name: str, content: str) -> Callable[[Path], None]:

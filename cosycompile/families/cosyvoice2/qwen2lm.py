@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from cosycompile.models.config import LLMConfig
+from .config import LLMConfig
 from cosycompile.runtime.sampling import SAMPLING_MODES, Sampling, sampling_ids
 
 

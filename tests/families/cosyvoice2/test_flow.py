@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from cosycompile.models.flow import FlowEncoderStep
-from cosycompile.models.flow_encoder import EspnetRelPositionalEncoding
+from cosycompile.families.cosyvoice2.flow import FlowEncoderStep
+from cosycompile.families.cosyvoice2.flow_encoder import EspnetRelPositionalEncoding
 
 EST_INPUTS = ["x", "mask", "mu", "t", "spks", "cond"]
 

@@ -1,4 +1,4 @@
-"""The one way networks are built for a build: from a model dir in CosyVoice2-0.5B's layout.
+"""The one way CosyVoice2 networks are built for a build: from a model dir in CosyVoice2-0.5B's layout.
 
 ``init_model`` writes the built-in models in that layout (so they go through exactly the same
 loading as a real checkpoint); ``load_models`` reads the config safely and loads each ``.pt``
@@ -19,13 +19,13 @@ import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
-from cosycompile.models.config import PRESETS, ModelConfig
-from cosycompile.models.yaml_safe import read_model_config
+from . import CONFIG_FILE, PLUGIN, QWEN_DIR
+from .config import PRESETS, ModelConfig
+from .yaml_safe import read_model_config
 
-MODEL_FILES = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt")
-QWEN_DIR = "CosyVoice-BlankEN"
-_STAGE_FILES = {"llm": ("cosyvoice2.yaml", "llm.pt", f"{QWEN_DIR}/config.json"),
-                "flow": ("cosyvoice2.yaml", "flow.pt"), "hift": ("cosyvoice2.yaml", "hift.pt")}
+MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
+# This family's registry name is its folder's, so a renamed copy of the folder loads as that new family.
+FAMILY = __name__.rsplit(".", 2)[-2]
 
 
 @dataclass
@@ -37,29 +37,30 @@ class LoadedModels:
     flow: Any = None
     hift: Any = None
     model_dir: Path | None = None
+    family: str = FAMILY  # the registry name of the family that loaded them (its runtimes run them)
 
 
 def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
     """Files of the model dir that the given stages read (for content keys)."""
-    return sorted({model_dir / f for s in stages for f in _STAGE_FILES[s]})
+    return [model_dir / f for f in PLUGIN.model_files(stages)]
 
 
 # -- networks ---------------------------------------------------------------------------------
 
 def build_llm(cfg: ModelConfig) -> nn.Module:
-    from cosycompile.models.qwen2lm import Qwen2LM
+    from .qwen2lm import Qwen2LM
 
     return Qwen2LM(cfg.llm, cfg.speech_token_size)
 
 
 def build_flow(cfg: ModelConfig) -> nn.Module:
-    from cosycompile.models.flow import CausalMaskedDiffWithXvec
+    from .flow import CausalMaskedDiffWithXvec
 
     return CausalMaskedDiffWithXvec(cfg.flow)
 
 
 def build_hift(cfg: ModelConfig) -> nn.Module:
-    from cosycompile.models.hift import HiFTGenerator
+    from .hift import HiFTGenerator
 
     return HiFTGenerator(cfg.hift)
 
@@ -387,10 +388,10 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     try:
-        (tmp / "cosyvoice2.yaml").write_text(_yaml_text(cfg))
+        (tmp / CONFIG_FILE).write_text(_yaml_text(cfg))
         qdir = tmp / QWEN_DIR
         qdir.mkdir()
-        from cosycompile.models.qwen2lm import qwen2_config
+        from .qwen2lm import qwen2_config
 
         qcfg = qwen2_config(cfg.llm).to_dict()
         (qdir / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True, default=str))

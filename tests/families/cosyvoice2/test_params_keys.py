@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from cosycompile.models.config import PRESETS
-from cosycompile.models.loader import BUILDERS
+from cosycompile.families.cosyvoice2.config import PRESETS
+from cosycompile.families.cosyvoice2.loader import BUILDERS
 
 
 def _meta(stage: str, preset: str = "random-0.5b") -> nn.Module:

@@ -7,7 +7,7 @@ plain values they point at (with ``+ - * / //`` arithmetic on numbers, as in
 ``!ref <chunk_size> * <token_mel_ratio>``). Nothing is imported and nothing is called.
 
 :func:`read_model_config` maps that data plus ``CosyVoice-BlankEN/config.json`` onto
-:class:`~cosycompile.models.config.ModelConfig`. This module never imports torch.
+:class:`~cosycompile.families.cosyvoice2.config.ModelConfig`. This module never imports torch.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import yaml
 
 from cosycompile.core import yaml_limits
 from cosycompile.errors import ModelError
-from cosycompile.models.config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
+from . import CONFIG_FILE, QWEN_DIR
+from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
 
-QWEN_DIR = "CosyVoice-BlankEN"
 
 
 @dataclass
@@ -312,7 +312,7 @@ def read_model_config(model_dir: Path) -> ModelConfig:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelError(f"{model_dir}: model dir not found")
-    path = model_dir / "cosyvoice2.yaml"
+    path = model_dir / CONFIG_FILE
     top = _Section(path, "", read_cosyvoice_yaml(path))
     llm = top.sub("llm", "Qwen2LM")
     flow = top.sub("flow", "CausalMaskedDiffWithXvec")

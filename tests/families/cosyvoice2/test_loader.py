@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from cosycompile.errors import ModelError
-from cosycompile.models.loader import MODEL_FILES, check_checkpoint, init_model, load_models, model_files
+from cosycompile.families.cosyvoice2.loader import MODEL_FILES, check_checkpoint, init_model, load_models, model_files
 
 
 @pytest.fixture()
@@ -169,3 +169,12 @@ def test_init_model_refuses_bad_targets(tmp_path: Path) -> None:
         init_model("builtin:tiny", busy)
     assert (busy / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy"]
+
+
+def test_the_plugin_lists_exactly_the_loaders_builtins() -> None:
+    """``PLUGIN.builtins`` (read without torch, at plan time) names what ``init_model`` can write."""
+    from cosycompile.families import get_family
+    from cosycompile.families.cosyvoice2.config import PRESETS
+    from cosycompile.families.cosyvoice2.loader import VARIANTS
+
+    assert set(get_family("cosyvoice2").builtins) == {*PRESETS, *VARIANTS}

@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosycompile.models.config import FlowConfig
-from cosycompile.models.flow_decoder import CausalConditionalDecoder
-from cosycompile.models.flow_encoder import UpsampleConformerEncoder
+from .config import FlowConfig
+from .flow_decoder import CausalConditionalDecoder
+from .flow_encoder import UpsampleConformerEncoder
 
 
 class CausalConditionalCFM(nn.Module):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cosycompile.backends.torch.static_decode import SLOT_BLOCK, DecoderPerThread, StaticCacheDecoder, slots_for
-from cosycompile.models.qwen2lm import LLMDecodeStep, LLMStaticStep
+from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
 
 
 def _prefill(lm: Any, batch: int, length: int, gen: torch.Generator, device: str = "cpu",
@@ -229,7 +229,7 @@ def test_step_reads_merged_matrices_and_not_the_lm(tiny_models: Any) -> None:
 def test_static_step_is_built_only_where_it_is_read(tiny_models: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its merged matrices are a copy of most of the LM, so the stage's modules make it on first lookup:
     the PyTorch reference (a CPU runtime) never builds it, an export of it does, once."""
-    import cosycompile.models.qwen2lm as qwen2lm
+    import cosycompile.families.cosyvoice2.qwen2lm as qwen2lm
     from cosycompile.reference.runners import reference_runtime
     from cosycompile.stages.llm.export import stage_parts
 

@@ -19,6 +19,6 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def tiny_models(tiny_model_dir: Path) -> Any:
     """LoadedModels of builtin:tiny, all three stages (read-only: do not modify weights)."""
-    from cosycompile.models.loader import load_models
+    from cosycompile.families.cosyvoice2.loader import load_models
 
     return load_models(tiny_model_dir)

@@ -1,0 +1,91 @@
+"""Every model family plug-in keeps the registry's promises: its references resolve, its tiny
+built-in loads through the same loader as a model dir, and a renamed copy of its folder is a new
+family with no other edit."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cosycompile.families import family_infos
+from helpers import REPO
+
+FAMILIES = sorted(family_infos())
+
+
+def test_there_is_a_family() -> None:
+    assert "cosyvoice2" in FAMILIES
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_plugin_references_resolve(name: str) -> None:
+    from cosycompile.stages import pipeline_stages
+
+    info = family_infos()[name]
+    assert info.name == name and info.package == f"cosycompile.families.{name}"
+    assert info.config_file and info.summary
+    assert info.tiny_builtin in info.builtins
+    for attr in ("loader", "init_model", "check_checkpoint", "check_model_dir", "check_frontend"):
+        assert callable(info.hook(attr)), attr
+    for stage in pipeline_stages():
+        assert stage in info.stage_files, stage
+        assert info.config_file in info.stage_files[stage]  # every stage reads the config
+        runtime = info.hook("runtimes", stage)
+        assert callable(runtime.from_runners) and isinstance(runtime.product, str), stage
+    # The modules a step reaches through the registry, named for its code digest, are the family's own.
+    assert all(m.startswith(info.package) for m in info.code_modules("loader", "runtimes", "init_model"))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tiny_builtin_loads_through_the_model_dir_loader(name: str, tmp_path: Path) -> None:
+    import torch
+
+    from cosycompile.families import detect_family, load_models
+    from cosycompile.stages import pipeline_stages
+
+    info = family_infos()[name]
+    spec = f"builtin:{info.tiny_builtin}"
+    root = info.hook("init_model")(spec, tmp_path / "model", seed=0)
+    assert (root / info.config_file).is_file()
+    assert detect_family(root).name == name
+    info.hook("check_model_dir")(root, list(pipeline_stages()))
+    from_dir = load_models(root, pipeline_stages())
+    from_spec = load_models(spec, pipeline_stages())
+    assert from_dir.family == from_spec.family == name
+    for stage in pipeline_stages():
+        a, b = getattr(from_dir, stage).state_dict(), getattr(from_spec, stage).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_renamed_copy_of_the_folder_is_a_new_family(name: str, tmp_path: Path) -> None:
+    copy = tmp_path / "pkg" / "cosycompile"
+    shutil.copytree(REPO / "cosycompile", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    new = f"{name}copy"
+    shutil.copytree(copy / "families" / name, copy / "families" / new)
+    code = textwrap.dedent(f"""
+        import sys
+        from cosycompile.families import family_infos, stage_runtime_class
+        from cosycompile.stages import pipeline_stages
+        info = family_infos()[{new!r}]
+        models = info.hook("loader")("builtin:" + info.tiny_builtin, tuple(pipeline_stages()))
+        assert models.family == {new!r}, models.family
+        for stage in pipeline_stages():
+            cls = stage_runtime_class(stage, {{"family": {new!r}}})
+            assert cls.__module__.startswith("cosycompile.families.{new}."), cls.__module__
+        loaded = sorted(m for m in sys.modules if m.startswith("cosycompile.families.{name}."))
+        print(sorted(family_infos()), loaded)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(copy.parent)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    families, loaded = res.stdout.strip().split("] [")
+    assert f"'{name}'" in families and f"'{new}'" in families
+    # The copy ran on its own modules only: none of the original family's code was imported.
+    assert loaded == "]", loaded
