@@ -89,3 +89,40 @@ def test_a_renamed_copy_of_the_folder_is_a_new_family(name: str, tmp_path: Path)
     assert f"'{name}'" in families and f"'{new}'" in families
     # The copy ran on its own modules only: none of the original family's code was imported.
     assert loaded == "]", loaded
+
+
+def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CosyVoice2 recipe's steps are keyed by CosyVoice2's family folder only: any file of another
+    family folder (a copy standing in for the next family, and any work in progress) can change
+    without rebuilding them."""
+    from cosycompile.cache.local import Store
+    from cosycompile.core import keys
+    from cosycompile.core.graph import topo_order
+    from cosycompile.plan import plan_build
+    from cosycompile.recipe.schema import load_recipe
+
+    copy = tmp_path / "pkg" / "cosycompile"
+    shutil.copytree(REPO / "cosycompile", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(copy / "families" / "cosyvoice2", copy / "families" / "nextfamily")
+    monkeypatch.setattr(keys, "default_package_root", lambda: copy)
+    store = Store(tmp_path / "art")
+
+    def all_keys() -> dict[str, str]:
+        plan = plan_build(load_recipe(REPO / "recipes" / "cpu-int8.yaml"))
+        assert plan.family.name == "cosyvoice2"
+        return {s.name: s.key(store) for s in topo_order([plan.final, *plan.steps])}
+
+    before = all_keys()
+    others = [p for p in sorted((copy / "families").rglob("*.py")) if p.parent.name not in ("families", "cosyvoice2")]
+    assert len(others) >= 5
+    for path in others:
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# an edit in another family\n")
+        try:
+            assert all_keys() == before, path
+        finally:
+            path.write_bytes(original)
+    # The family's own files do key its steps (the check above is not vacuous).
+    loader = copy / "families" / "cosyvoice2" / "loader.py"
+    loader.write_bytes(loader.read_bytes() + b"\n# an edit\n")
+    assert all_keys()["reference"] != before["reference"]
