@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# resemblyzer asks for webrtcvad, whose sdist breaks on import with current setuptools;
 	# webrtcvad-wheels provides the same module as a binary wheel.
 	$(PIP) install -q --no-deps --force-reinstall webrtcvad-wheels
+	# Triton's CPU interpreter runs the fused GPU decode kernels in the tests. It lives in a folder of its
+	# own, put on the path only by those tests, so that this venv's PyTorch never imports it.
+	$(PIP) install -q --no-deps --target $(VENV)/triton-interpreter triton==3.9.0
 	touch $(STAMP)
 
 demo: install

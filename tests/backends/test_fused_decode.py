@@ -1,0 +1,65 @@
+"""The fused Triton decode kernels (``backends/torch/fused_decode.py``), run by Triton's CPU
+interpreter against ``LLMStaticStep`` on the tiny LM: FP32 weights must give the static step's
+logits and cache, the reduced formats its logits' direction. The interpreter's Triton lives in its
+own folder (``make install`` puts it in ``.venv/triton-interpreter``) so that the venv's PyTorch
+never imports it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRITON_DIR = Path(sys.prefix) / "triton-interpreter"
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    if not (TRITON_DIR / "triton").is_dir():
+        pytest.fail(f"no interpreter Triton in {TRITON_DIR}: run `make install`")
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("fused_decode_interp.py"))],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_fp32_weights_give_the_static_steps_logits_and_cache(results: list[dict]) -> None:
+    exact = [r for r in results if r["weights"] == "fp32"]
+    assert {(r["batch"], r["past"]) for r in exact} == {(1, 7), (2, 9), (1, 3)}
+    for r in exact:
+        assert r["finite"]
+        assert r["max_relative"] < 1e-5, r
+        assert r["cache_relative"] < 1e-5, r
+
+
+@pytest.mark.parametrize("weights, cosine", [("bf16", 0.999), ("int8", 0.995), ("fp8", 0.99)])
+def test_reduced_weights_keep_the_logits_direction(results: list[dict], weights: str, cosine: float) -> None:
+    (r,) = [r for r in results if r["weights"] == weights]
+    assert r["finite"]
+    assert r["min_cosine"] > cosine, r
+    # A reduced format that came out equal to FP32 would mean its weights were never converted.
+    assert r["max_relative"] > 1e-6, r
+
+
+@pytest.mark.parametrize("tiling, message", [("qkv_pairs=32", "rotary pairs per program (32)"),
+                                             ("down_k=96", "powers of two (down_k=96)")])
+def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(REPO), os.environ.get("PYTHONPATH", "")])}
+    code = ("import torch\n"
+            "from cosycompile.backends.torch.fused_decode import FusedDecodeStep, Tiling\n"
+            "from cosycompile.families.cosyvoice2.config import PRESETS\n"
+            "from cosycompile.families.cosyvoice2.qwen2lm import LLMStaticStep, Qwen2LM\n"
+            "step = LLMStaticStep(Qwen2LM(PRESETS['tiny'].llm).eval())\n"
+            f"try:\n    FusedDecodeStep(step, 'bf16', Tiling({tiling}))\nexcept ValueError as e:\n    print(e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert message in done.stdout
