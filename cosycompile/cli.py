@@ -371,6 +371,8 @@ def _apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dic
 def _gate(args: argparse.Namespace) -> int:
     import json
 
+    from cosycompile.validate.gate import allowance
+
     if args.list_metrics:
         from cosycompile.validate.registry import registry
 
@@ -385,10 +387,12 @@ def _gate(args: argparse.Namespace) -> int:
     gate: dict = {}
     if recipe_file.is_file():
         gate = json.loads(recipe_file.read_text()).get("validation", {}).get("gate", {})
-    max_drop = args.max_quality_drop if args.max_quality_drop is not None else gate.get("max_quality_drop", 0.05)
-    max_slow = args.max_slowdown if args.max_slowdown is not None else gate.get("max_slowdown", 0.25)
-    if max_drop < 0 or max_slow < 0:
-        raise UserError("gate: --max-quality-drop and --max-slowdown must be >= 0")
+    # argparse's float takes "nan" and "inf": refused here, before any report is read, whether a flag or
+    # the bundle's recipe.json gave the value.
+    max_drop = allowance("--max-quality-drop", args.max_quality_drop) if args.max_quality_drop is not None \
+        else allowance(f"{recipe_file}: max_quality_drop", gate.get("max_quality_drop", 0.05))
+    max_slow = allowance("--max-slowdown", args.max_slowdown) if args.max_slowdown is not None \
+        else allowance(f"{recipe_file}: max_slowdown", gate.get("max_slowdown", 0.25))
     minimum = {k: v for k, v in gate.get("min", {}).items() if v is not None}
     maximum = {k: v for k, v in gate.get("max", {}).items() if v is not None}
     return _apply_gate(bundle, args.baseline, minimum, maximum, max_drop, max_slow, args.allow_unvalidated)

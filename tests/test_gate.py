@@ -107,3 +107,84 @@ def test_report_does_not_modify_the_cache(degraded: dict, tmp_path: Path) -> Non
     run_cli("report", str(bundle))
     count, bad = Store(degraded["art"]).verify_all(full=True)
     assert count > 0 and bad == []
+
+
+@pytest.mark.parametrize("flag", ["--max-quality-drop", "--max-slowdown"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-0.1"])
+def test_gate_refuses_margins_that_are_not_finite_and_non_negative(flag: str, value: str) -> None:
+    """argparse's float takes 'nan' and 'inf'; NaN would pass a regressed build, inf switch the gate off."""
+    res = run_cli("gate", str(DATA / "slower.report.json"), "--baseline", str(DATA / "baseline.report.json"),
+                  f"{flag}={value}")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    assert res.stderr.startswith(f"cosycompile: error: gate: {flag} must be a finite number >= 0"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and "gate: PASS" not in res.stdout
+
+
+def _report_with(tmp_path: Path, name: str, metrics: dict[tuple[str, str], float],
+                 gate: dict | None = None) -> Path:
+    """A copy of the stored baseline report with some stage metrics replaced (written as JSON's NaN /
+    Infinity where asked), in its own dir with a recipe.json holding ``gate`` when given."""
+    body = json.loads((DATA / "baseline.report.json").read_text())
+    for (stage, key), value in metrics.items():
+        body["checks"][stage]["metrics"][key] = value
+    d = tmp_path / name
+    d.mkdir()
+    (d / "report.json").write_text(json.dumps(body))  # allow_nan: NaN is written as the literal NaN
+    if gate is not None:
+        (d / "recipe.json").write_text(json.dumps({"validation": {"gate": gate}}))
+    return d / "report.json"
+
+
+def test_nan_metric_fails_against_a_baseline(tmp_path: Path) -> None:
+    """A NaN SNR was compared with `drop > limit`, which is false for NaN: the build passed."""
+    nan = _report_with(tmp_path, "nan", {("hift", "waveform_snr_db_min"): float("nan")})
+    assert "NaN" in nan.read_text()
+    res = run_cli("gate", str(nan), "--baseline", str(DATA / "baseline.report.json"), "--max-slowdown", "1")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "hift.waveform_snr_db" in res.stdout and "NaN in the report" in res.stdout, res.stdout
+    # A NaN in the baseline cannot be compared with either.
+    res = run_cli("gate", str(DATA / "baseline.report.json"), "--baseline", str(nan), "--max-slowdown", "1")
+    assert res.returncode == 1 and "NaN in the baseline" in res.stdout, res.stdout
+    # The same for a speed-up: NaN is neither slower nor faster.
+    slow = _report_with(tmp_path, "slow", {("flow", "speedup_vs_fp32"): float("nan")})
+    base = _report_with(tmp_path, "base", {("flow", "speedup_vs_fp32"): 2.0})
+    res = run_cli("gate", str(slow), "--baseline", str(base), "--max-slowdown", "1")
+    assert res.returncode == 1 and "flow.speedup_vs_fp32" in res.stdout, res.stdout
+
+
+def test_nan_metric_fails_a_fixed_threshold(tmp_path: Path) -> None:
+    gate = {"min": {"hift.waveform_snr_db": 40.0}, "max": {"flow.estimator_max_abs_error": 1e-3}}
+    ok = _report_with(tmp_path, "ok", {}, gate)
+    assert run_cli("gate", str(ok.parent)).returncode == 0
+    for name, metric in (("min", ("hift", "waveform_snr_db_min")), ("max", ("flow", "estimator_max_abs_error"))):
+        bad = _report_with(tmp_path, f"nan-{name}", {metric: float("nan")}, gate)
+        res = run_cli("gate", str(bad.parent))
+        assert res.returncode == 1 and "value is NaN" in res.stdout, res.stdout + res.stderr
+
+
+def test_nan_threshold_or_margin_in_a_bundle_recipe_is_not_a_pass(tmp_path: Path) -> None:
+    """The bundle's recipe.json is read as it is: a NaN limit fails, a NaN margin is refused."""
+    bad = _report_with(tmp_path, "limit", {}, {"min": {"hift.waveform_snr_db": float("nan")}})
+    res = run_cli("gate", str(bad.parent))
+    assert res.returncode == 1 and "limit is NaN" in res.stdout, res.stdout + res.stderr
+    bad = _report_with(tmp_path, "margin", {}, {"max_quality_drop": float("nan")})
+    res = run_cli("gate", str(bad.parent), "--baseline", str(DATA / "baseline.report.json"))
+    assert res.returncode == 2 and "max_quality_drop must be a finite number" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    # A limit that is not a number was compared with `<` and raised a TypeError.
+    bad = _report_with(tmp_path, "text", {}, {"min": {"hift.waveform_snr_db": "40"}})
+    res = run_cli("gate", str(bad.parent))
+    assert res.returncode == 2 and "threshold for 'hift.waveform_snr_db' must be a number" in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_infinite_snr_compares_by_its_limit(tmp_path: Path) -> None:
+    """Identical signals have an infinite SNR: inf vs inf is no drop (its relative change is NaN, which must
+    not fail a build equal to its baseline), a finite value below an infinite baseline is a 100% drop."""
+    inf = _report_with(tmp_path, "inf", {("hift", "waveform_snr_db_min"): float("inf")})
+    res = run_cli("gate", str(inf), "--baseline", str(inf), "--max-slowdown", "1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    res = run_cli("gate", str(DATA / "baseline.report.json"), "--baseline", str(inf), "--max-slowdown", "1")
+    assert res.returncode == 1 and "100.0% worse than baseline" in res.stdout, res.stdout
+    res = run_cli("gate", str(inf), "--baseline", str(DATA / "baseline.report.json"), "--max-slowdown", "1")
+    assert res.returncode == 0, res.stdout + res.stderr

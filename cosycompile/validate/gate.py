@@ -52,9 +52,20 @@ def load_report(path: Path) -> dict[str, Any]:
     return body
 
 
+def allowance(flag: str, value: Any) -> float:
+    """A relative margin of the baseline gate (--max-quality-drop, --max-slowdown): a finite number >= 0.
+    NaN would pass every comparison and infinity would switch the gate off, so both are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UserError(f"gate: {flag} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"gate: {flag} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
 def check_thresholds(report: dict[str, Any], minimum: dict[str, float], maximum: dict[str, float]) -> list[Finding]:
     """Fixed thresholds: ``minimum[name] <= value <= maximum[name]``. A missing metric fails, unless it
-    belongs to a stage the build does not have (a recipe's defaults cover every stage)."""
+    belongs to a stage the build does not have (a recipe's defaults cover every stage). A NaN value or
+    limit fails: every comparison with NaN is false, so it would otherwise pass."""
     from cosycompile.validate.registry import registry
 
     values = metric_values(report)
@@ -65,24 +76,36 @@ def check_thresholds(report: dict[str, Any], minimum: dict[str, float], maximum:
             reg = registry().get(name)
             if reg is not None and reg.group not in built:
                 continue
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)):
+                raise UserError(f"gate: threshold for '{name}' must be a number, got {limit!r}")
             v = values.get(name)
-            bad = v is None or math.isnan(v) or (v < limit if rule == ">=" else v > limit)
+            bad = v is None or math.isnan(v) or math.isnan(limit) or (v < limit if rule == ">=" else v > limit)
             if bad:
-                gap = "missing" if v is None else _short(limit - v if rule == ">=" else v - limit)
+                gap = ("missing" if v is None else "value is NaN" if math.isnan(v) else "limit is NaN"
+                       if math.isnan(limit) else _short(limit - v if rule == ">=" else v - limit))
                 findings.append(Finding(name, v, limit, rule, gap))
     return findings
 
 
 def check_baseline(report: dict[str, Any], baseline: dict[str, Any], max_quality_drop: float,
                    max_slowdown: float) -> list[Finding]:
-    """Regressions against a baseline: relative quality drop and relative loss of speed-up."""
+    """Regressions against a baseline: relative quality drop and relative loss of speed-up. A NaN on
+    either side fails: no comparison can be made, and every comparison with NaN is false."""
     from cosycompile.validate.registry import registry
 
+    max_quality_drop = allowance("--max-quality-drop", max_quality_drop)
+    max_slowdown = allowance("--max-slowdown", max_slowdown)
     new, old = metric_values(report), metric_values(baseline)
     findings = []
     for name in sorted(set(new) & set(old)):
         higher, kind = registry()[name].metric.higher, registry()[name].metric.kind
         v, b = new[name], old[name]
+        if math.isnan(v) or math.isnan(b):
+            findings.append(Finding(name, v, b, ">=" if higher else "<=",
+                                    f"NaN in the {'report' if math.isnan(v) else 'baseline'}: cannot compare"))
+            continue
+        if v == b:  # also inf == inf (e.g. the SNR of identical signals), whose relative change is NaN
+            continue
         if kind == "speed":
             if v <= 0:
                 continue
@@ -91,8 +114,14 @@ def check_baseline(report: dict[str, Any], baseline: dict[str, Any], max_quality
                 findings.append(Finding(name, v, b / (1 + max_slowdown), ">=",
                                         f"{100 * slowdown:.1f}% slower than baseline ({b:.3f}x -> {v:.3f}x)"))
             continue
-        scale = max(abs(b), 1e-12)
-        drop = (b - v) / scale if higher else (v - b) / scale
+        if math.isinf(b) or math.isinf(v):
+            # (b - v) / |b| is inf/inf = NaN here: take its limit instead. Worse than an infinite baseline is
+            # a 100% drop (inf dB SNR -> 40 dB), worse to an infinite value an unbounded one; better is none.
+            worse = v < b if higher else v > b
+            drop = (math.inf if math.isinf(v) else 1.0) if worse else -math.inf
+        else:
+            scale = max(abs(b), 1e-12)
+            drop = (b - v) / scale if higher else (v - b) / scale
         # Errors that are tiny in absolute terms (1e-6 -> 2e-6) are not regressions worth failing on.
         if drop > max_quality_drop and abs(v - b) > 1e-4:
             limit = b * (1 - max_quality_drop) if higher else b * (1 + max_quality_drop)
