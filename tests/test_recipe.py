@@ -163,3 +163,71 @@ def test_stage_runtime_settings_are_validated_by_the_stage(tmp_path: Path) -> No
     assert "bad.yaml:6" in msg and "stages.flow.runtime.n_timesteps" in msg
     msg = _err(tmp_path, BASE + "stages:\n  llm:\n    runtime:\n      n_timesteps: 5\n")
     assert "bad.yaml:5" in msg and "stage 'llm' has no runtime settings" in msg
+
+
+def _child_of_gpu_base(tmp_path: Path, llm_quantize: dict | None) -> Path:
+    """A recipe extending gpu-base.yaml (TensorRT-LLM for the LLM) for an H100, its LLM block as given."""
+    body: dict = {"extends": str(REPO / "recipes" / "gpu-base.yaml"), "name": "child", "target": "h100"}
+    if llm_quantize is not None:
+        body["stages"] = {"llm": {"quantize": llm_quantize}}
+    return write_recipe(tmp_path / "child.yaml", body, base=False)
+
+
+def test_checkpoint_backend_error_names_the_stage_key(tmp_path: Path) -> None:
+    """The message once printed a literal '{name}' instead of the stage."""
+    p = _child_of_gpu_base(tmp_path, {"format": "int8_sq", "exports": ["onnx"]})
+    with pytest.raises(RecipeError) as exc:
+        load_recipe(p)
+    msg = str(exc.value)
+    assert "add hf or trtllm to stages.llm.quantize.exports" in msg and "{" not in msg, msg
+
+
+def test_gpu_base_child_without_llm_format_names_the_key_to_set(tmp_path: Path) -> None:
+    """gpu-base's shared `exports` is for the quantizer a child picks by format; a child that picks none
+    is told to set the format, not that `exports` is an unknown key."""
+    from helpers import run_cli
+
+    res = run_cli("plan", str(_child_of_gpu_base(tmp_path, None)), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "unknown key" not in res.stderr and "set stages.llm.quantize.format" in res.stderr, res.stderr
+    assert "gpu-base.yaml:" in res.stderr and "int8_sq" in res.stderr and "fp32" in res.stderr, res.stderr
+
+
+def test_gpu_base_child_with_fp32_llm_plans_a_trtllm_engine(tmp_path: Path) -> None:
+    """format fp32 drops the parent's format-less quantizer settings: the LLM goes to TensorRT-LLM unquantized."""
+    from helpers import run_cli
+
+    p = _child_of_gpu_base(tmp_path, {"format": "fp32"})
+    r = load_recipe(p)
+    assert r.typed("llm")["quantizer"] is None and r.typed("llm")["backend"].name == "trtllm"
+    res = run_cli("plan", str(p), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "build the llm fp32 engine with trtllm" in res.stdout, res.stdout
+
+
+def test_format_no_quantizer_writes_for_the_backend_names_the_keys(tmp_path: Path) -> None:
+    """int8 for the LLM comes only from torch_dynamic, which writes torch programs; on ONNX Runtime the
+    recipe is refused at load naming the format and backend keys, not a `quantizer` key it never wrote."""
+    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    quantize: {format: int8}\n")
+    assert "bad.yaml:5" in msg and "stages.llm.quantize.format" in msg and "quantize.quantizer" not in msg, msg
+    assert "stages.llm.engine.backend to torch" in msg and "int8_sq" in msg, msg
+    # A key of the quantizer the recipe meant (SmoothQuant's alpha) does not turn it into an unknown-key error.
+    msg = _err(tmp_path, BASE + "stages:\n  llm:\n    quantize: {format: int8, alpha: 0.5}\n")
+    assert "stages.llm.quantize.format" in msg and "unknown key" not in msg, msg
+    # The backend it names takes the same format.
+    ok = write_recipe(tmp_path / "ok.yaml", {"name": "x", "stages": {"llm": {
+        "quantize": {"format": "int8"}, "engine": {"backend": "torch"}}}})
+    assert load_recipe(ok).typed("llm")["quantizer"].name == "torch_dynamic"
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("max_quality_drop: .nan", "validation.gate.max_quality_drop': Input should be a finite number"),
+    ("max_slowdown: .inf", "validation.gate.max_slowdown': Input should be a finite number"),
+    ("min: {flow.mel_snr_db: .nan}", "threshold for 'flow.mel_snr_db' is NaN"),
+    ("max: {llm.max_abs_logit_error: .inf}", "threshold for 'llm.max_abs_logit_error' is infinite"),
+])
+def test_non_finite_gate_values_are_refused(tmp_path: Path, line: str, says: str) -> None:
+    """NaN passes every comparison and infinity switches a limit off (null is how a recipe says that)."""
+    msg = _err(tmp_path, BASE + f"validation:\n  gate:\n    {line}\n")
+    assert "bad.yaml:5" in msg and says in msg, msg

@@ -96,6 +96,18 @@ def choose_quantizer(stage: str, fmt: str, named: str | None, backend: str | Non
     return f"stage '{stage}' cannot use format '{fmt}' (supported: fp32, {', '.join(known)})"
 
 
+def formats_for(stage: str, backend: str, consumes: str = "onnx") -> list[str]:
+    """The formats some quantizer produces for ``stage`` in a form ``backend`` runs, in registry order."""
+    from cosycompile.stages import get_stage
+
+    quantizable = any(g.quantizable for g in get_stage(stage).graphs)
+    out: list[str] = []
+    for q in quantizer_infos().values():
+        if q.serves(backend, consumes):
+            out += [f for f in q.formats if f not in out and q.handles(stage, f, quantizable)]
+    return out
+
+
 def method_problem(fmt: str, method: str | None, methods: dict[str, tuple[str, ...]]) -> tuple[str, str] | None:
     """("method", reason) when ``method`` is not one of the calibration methods of ``fmt``, else None."""
     if method is not None and method not in methods[fmt]:

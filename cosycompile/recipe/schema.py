@@ -96,8 +96,11 @@ class GateSpec(_Strict):
         return {"min": {k: v for k, v in self.min.items() if v is not None},
                 "max": {k: v for k, v in self.max.items() if v is not None}}
     baseline: str | None = Field(None, description="baseline report.json or bundle, relative to the recipe file")
-    max_quality_drop: float = Field(0.05, ge=0, description="allowed relative quality drop vs the baseline")
-    max_slowdown: float = Field(0.25, ge=0, description="allowed relative loss of speed-up vs the baseline")
+    # Finite only: NaN passes every comparison and infinity switches the baseline gate off.
+    max_quality_drop: float = Field(0.05, ge=0, allow_inf_nan=False,
+                                    description="allowed relative quality drop vs the baseline")
+    max_slowdown: float = Field(0.25, ge=0, allow_inf_nan=False,
+                                description="allowed relative loss of speed-up vs the baseline")
 
 
 class ValidationSpec(_Strict):
@@ -195,7 +198,8 @@ def _load_with_extends(path: Path, seen: tuple[Path, ...] = ()) -> Located:
 def _replace_changed_quantize(base: Located, child: Located) -> None:
     """A child recipe that sets another ``quantize.format`` (or ``quantizer``) than its parent gets its own quantize block:
     the parent's settings belong to the parent's quantizer (``alpha`` means nothing to fp32), so a deep
-    merge would only carry dead keys. A block without ``format`` (e.g. shared ``exports``) still merges."""
+    merge would only carry dead keys. A block without ``format`` (e.g. shared ``exports``) still merges,
+    unless the child sets format fp32 with no quantizer (nothing would read those settings)."""
     b_stages, c_stages = base.data.get("stages"), child.data.get("stages")
     if not isinstance(b_stages, dict) or not isinstance(c_stages, dict):
         return
@@ -204,7 +208,13 @@ def _replace_changed_quantize(base: Located, child: Located) -> None:
         if not (isinstance(b_stage, dict) and isinstance(c_stage, dict)):
             continue
         bq, cq = b_stage.get("quantize"), c_stage.get("quantize")
-        if not (isinstance(bq, dict) and isinstance(cq, dict) and "format" in bq and "format" in cq):
+        if not (isinstance(bq, dict) and isinstance(cq, dict) and "format" in cq):
+            continue
+        if "format" not in bq:
+            # A parent's block without a format holds settings for whichever quantizer its children pick;
+            # a child that picks fp32 and no quantizer has none to read them.
+            if cq["format"] == "fp32" and cq.get("quantizer") is None:
+                del b_stage["quantize"]
             continue
         # Another quantizer for the same format is just as foreign to the parent's settings.
         if bq["format"] != cq["format"] or cq.get("quantizer", bq.get("quantizer")) != bq.get("quantizer"):
@@ -297,7 +307,8 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
     """Resolve every plug-in spec, and cross-field rules that a per-field schema cannot express."""
     from cosycompile.backends import backend_infos
     from cosycompile.exporters import exporter_infos
-    from cosycompile.quantize import NoQuantization, choose_quantizer, quantizer_infos, target_problem
+    from cosycompile.quantize import (NoQuantization, choose_quantizer, formats_for, quantizer_infos,
+                                      target_problem)
     from cosycompile.stages import stage_infos
     from cosycompile.validate.registry import registry
 
@@ -319,6 +330,8 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                 raise RecipeError(f"{where}: unknown gate metric '{metric}' (see cosycompile gate --list-metrics)")
             if value is not None and value != value:
                 raise RecipeError(f"{where}: threshold for '{metric}' is NaN")
+            if value is not None and abs(value) == float("inf"):
+                raise RecipeError(f"{where}: threshold for '{metric}' is infinite (null switches it off)")
     for i, name in enumerate(recipe.exports):
         if name not in exporter_infos():
             raise RecipeError(f"{located.where(('exports', i))}: unknown exporter '{name}' "
@@ -353,15 +366,41 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         if not isinstance(q.get("format", "fp32"), str):
             raise RecipeError(f"{located.where(qwhere + ('format',))}: key 'stages.{name}.quantize.format' must be a string")
         fmt = q.get("format", "fp32")
+        named = q.get("quantizer")
         quantizer = None
-        if fmt == "fp32" and q.get("quantizer") is None:
+
+        def runnable() -> str:
+            """The formats this stage's backend takes with the recipe's settings, for messages."""
+            fits = [f for f in formats_for(name, info.name, info.consumes)
+                    if target_problem(f, target) is None
+                    and (info.check_format is None or info.check_format(name, f, options, spec.export.opset) is None)]
+            return ", ".join(["fp32", *fits])
+
+        if fmt == "fp32" and named is None:
+            extra = sorted(set(q) - {"format"})
+            if "format" not in q and extra:
+                # Settings without a format (e.g. gpu-base.yaml's shared `exports`) are for the quantizer a
+                # recipe picks by format; left unset, the stage is fp32 and nothing reads them.
+                raise RecipeError(
+                    f"{located.where(qwhere + (extra[0],))}: stages.{name}.quantize sets {', '.join(extra)} but no "
+                    f"format, and only a quantizer reads {'them' if len(extra) > 1 else 'it'}: set "
+                    f"stages.{name}.quantize.format (backend '{info.name}' takes: {runnable()})")
             qspec = _plugin_spec(NoQuantization, q, located, qwhere)
         else:
-            chosen = choose_quantizer(name, fmt, q.get("quantizer"), info.name, info.consumes)
+            chosen = choose_quantizer(name, fmt, named, info.name, info.consumes)
             if isinstance(chosen, str):
-                key = "quantizer" if q.get("quantizer") is not None else "format"
+                key = "quantizer" if named is not None else "format"
                 raise RecipeError(f"{located.where(qwhere + (key,))}: stages.{name}.quantize.{key}: {chosen}")
             quantizer = chosen
+            if named is None and quantizer.backends is not None and info.name not in quantizer.backends:
+                # The recipe chose a format, not this quantizer: no quantizer for that format writes what the
+                # backend runs, so say which keys to change rather than validate a spec it never asked for.
+                raise RecipeError(
+                    f"{located.where(qwhere + ('format',))}: stages.{name}.quantize.format: no quantizer writes "
+                    f"format '{fmt}' for stage '{name}' in a form backend '{info.name}' runs (quantizer "
+                    f"'{quantizer.name}' writes it for {' and '.join(quantizer.backends)}): set "
+                    f"stages.{name}.engine.backend to {' or '.join(quantizer.backends)}, or a format backend "
+                    f"'{info.name}' takes ({runnable()})")
             qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
             problem2 = quantizer.check(qspec, name) if quantizer.check else None
             if problem2 is None and quantizer.backends is not None and info.name not in quantizer.backends:
@@ -382,6 +421,6 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
             exports = getattr(qspec, "exports", None)
             if consumes == "checkpoint" and exports is not None and not {"hf", "trtllm"} & set(exports):
                 raise RecipeError(f"{located.where(qwhere + ('exports',))}: backend '{info.name}' builds from a "
-                                  "checkpoint: add hf or trtllm to stages.{name}.quantize.exports")
+                                  f"checkpoint: add hf or trtllm to stages.{name}.quantize.exports")
         recipe._typed[name] = {"quantize": qspec, "quantizer": quantizer, "backend": info, "options": options,
                                "check": check, "runtime": runtime}
