@@ -22,6 +22,10 @@ each written to the JSON as soon as it ends, so a call stopped at its limit keep
   a ``-tuned`` suffix: Inductor's coordinate-descent search of its kernels' launch configurations).
   The step reads q/k/v and gate/up as one matrix each, as ``LLMStaticStep`` does since the H100 lease
   of 2026-11-27 (commit 026b594 measured them apart as ``bf16`` and merged as ``bf16-fused``);
+- ``format=fused-WEIGHTS[/TILING]``: the step as hand-fused Triton kernels
+  (``cosycompile/backends/torch/fused_decode.py``: five a layer), weights bf16, fp8 or int8 (one scale
+  per row, activations float32), at each of ``--fused-batches``; ``--pipeline-llm fused-bf16`` runs
+  the pipeline phase on it;
 - ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
   package (what the torch backend builds), if time is left.
 
@@ -174,6 +178,8 @@ def quantize_linears(torch: Any, module: Any, fmt: str) -> int:
 
 def weight_bytes(step: Any) -> int:
     """Bytes of the parameters and buffers ``step`` (a static step, maybe quantized) reads every token."""
+    if hasattr(step, "weight_bytes"):  # the fused Triton step counts its own
+        return int(step.weight_bytes)
     tensors = {id(t): t for t in [*step.parameters(), *step.buffers()]}
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
@@ -188,6 +194,9 @@ def main() -> int:
                     help="the formats phase's formats, in this order: a linear format (bf16; fp8 and int8 as the "
                          "torch_dynamic quantizer writes them), '-tuned' for Inductor's coordinate-descent tuning "
                          "of its kernels")
+    ap.add_argument("--fused-batches", default="1,8", help="batches each fused-* format is timed at")
+    ap.add_argument("--pipeline-llm", default="bf16",
+                    help="the pipeline phase's LLM step: a format timed earlier in the run (bf16, fused-bf16, ...)")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per timed run")
     ap.add_argument("--speech-tokens", type=int, default=250, help="tokens of the eval item (250 = 10 s)")
@@ -340,23 +349,40 @@ def main() -> int:
         decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, eager, 1,
                    torch.bfloat16, compile_s)
 
-    # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
-    need = {"decode": 80, "pipeline": 100, "formats": 45, "batch8": 45, "aoti": 200}
-    for phase in phases:
-        if left() < need.get(phase.split("=")[0].replace("format", "formats"), 60):
-            out["skipped"].append(f"{phase}: {left():.0f} s left")
-            save()
-            print(f"SKIP {phase}: {left():.0f} s left", flush=True)
-            continue
-        t_phase = time.perf_counter()
+    def fused_format(fmt: str) -> None:
+        """Decode rows (one per ``--fused-batches``) of the hand-fused Triton step,
+        ``fused-WEIGHTS[/TILING]``: weights bf16, fp8 or int8, a tiling named in ``_tilings()``."""
+        from cosycompile.backends.torch.fused_decode import FusedDecodeStep
+
+        weights, _, tiling = fmt.partition("-")[2].partition("/")
+        t0 = time.perf_counter()
+        step = FusedDecodeStep(LLMStaticStep(bf16).eval(), weights or "bf16", _tilings()[tiling or "default"])
+        dec = StaticCacheDecoder(step, device, cuda_graph=False)
+        with torch.inference_mode():  # Triton compiles each kernel at its first launch
+            dec.start(present.to(torch.bfloat16), 1)
+            dec.step(follow[0].to(torch.bfloat16))
+        sync(torch, device)
+        compiled[fmt] = step
+        for batch in (int(b) for b in args.fused_batches.split(",")):
+            decode_row(fmt, loop_name + ", Triton kernels", step, step, batch, torch.bfloat16,
+                       time.perf_counter() - t0 if batch == 1 else 0.0)
+
+    def run_phase(phase: str) -> None:
+        """One entry of --phases."""
         if phase == "decode":
             plain = LLMStaticStep(bf16).eval()
             decode_row("bf16", loop_name + " (eager, no compile)", plain, plain, 1, torch.bfloat16, 0.0)
             compiled_format("bf16")
         elif phase == "pipeline":
-            if "bf16" not in compiled:
-                compiled["bf16"] = compiled_step(LLMStaticStep(bf16))[0]
-            out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled["bf16"], args)
+            if args.pipeline_llm not in compiled:
+                if args.pipeline_llm.startswith("fused"):
+                    fused_format(args.pipeline_llm)
+                else:
+                    compiled[args.pipeline_llm] = compiled_step(LLMStaticStep(bf16))[0]
+            out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled[args.pipeline_llm], args)
+            out["pipeline"]["llm_step"] = args.pipeline_llm
+        elif phase.startswith("format=fused"):
+            fused_format(phase.split("=", 1)[1])
         elif phase.startswith("format="):
             compiled_format(phase.split("=", 1)[1])
         elif phase == "formats":
@@ -380,12 +406,39 @@ def main() -> int:
                        time.perf_counter() - t0)
         else:
             raise SystemExit(f"unknown phase '{phase}' (known: decode, pipeline, formats, format=NAME, batch8, aoti)")
+
+    # Rough costs on an H100-class machine, for the budget: a compile 60-150 s, the pipeline ~90 s.
+    need = {"decode": 80, "pipeline": 100, "formats": 45, "batch8": 45, "aoti": 200}
+    for phase in phases:
+        if left() < need.get(phase.split("=")[0].replace("format", "formats"), 60):
+            out["skipped"].append(f"{phase}: {left():.0f} s left")
+            save()
+            print(f"SKIP {phase}: {left():.0f} s left", flush=True)
+            continue
+        t_phase = time.perf_counter()
+        try:
+            run_phase(phase)
+        except Exception as e:  # noqa: BLE001 - a phase's failure must not cost the lease's later phases
+            out.setdefault("errors", []).append(f"{phase}: {type(e).__name__}: {str(e)[:400]}")
+            print(f"FAILED {phase}: {type(e).__name__}: {str(e)[:400]}", flush=True)
         out.setdefault("phase_seconds", {})[phase] = time.perf_counter() - t_phase
         save()
     save()
     print_tables(out)
     print(f"result: {dest}")
-    return 0
+    for e in out.get("errors", []):
+        print(f"FAILED {e}")
+    return 1 if out.get("errors") else 0
+
+
+def _tilings() -> dict[str, Any]:
+    """Launch shapes the fused-* formats may name after a slash (``fused-bf16/wide``)."""
+    from cosycompile.backends.torch.fused_decode import Tiling
+
+    return {"default": Tiling(),
+            "wide": Tiling(qkv_pairs=8, o_rows=8, gate_up_rows=16, down_rows=8, head_rows=32),
+            "narrow": Tiling(qkv_pairs=2, o_rows=2, gate_up_rows=4, down_rows=2, head_rows=8, num_warps=2),
+            "onepass": Tiling(qkv_k=1024, o_k=1024, gate_up_k=1024, down_k=1024, head_k=1024, num_warps=8)}
 
 
 def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, device: str) -> Any:

@@ -4,11 +4,16 @@
 #
 #   BUDGET=540 bash bench/gpu_session.sh                         # every piece, in this order
 #   PIECES="llm-bf16 llm-fp8" BUDGET=540 bash bench/gpu_session.sh
+#   PIECES=fused BUDGET=560 bash bench/gpu_session.sh                  # issue 42's decode step (make gpu-wheels first)
 #
 # Pieces (each with its own time limit; a failing or stopped piece does not stop the next):
 #   inductor    bench/gpu_inductor.py: the decode step and the pipeline compiled in-process, CUDA graphs
 #               (on an H100: 50 s of setup, 35-70 s a decode format, 280 s for the pipeline with
 #               flow and HiFT compiled)
+#   fused       the fused kernels' CUDA test, then (if it passes)
+#               bench/gpu_inductor.py on the hand-fused Triton step (backends/torch/fused_decode.py): BF16
+#               and FP8 weights at batch 1 and 8, the Inductor-compiled BF16 step in the same call as the
+#               baseline, the pipeline with the fused LLM step, then three other tilings and INT8
 #   bound       bench/decode_bound.py: the eager decode step, growing cache vs CUDA graph (no compile)
 #   tests       the `gpu`-marked tests, one pytest run per test so that a stopped run keeps the others
 #   llm-bf16    bench/llm_decode.py --formats bf16 (build, then time); llm-fp8, llm-int8 likewise
@@ -78,13 +83,21 @@ for piece in $PIECES; do
         --phases decode,format=fp8,batch8,aoti,format=bf16-tuned,pipeline --compile-flow \
         --budget $(($(left) < 420 ? $(left) - 40 : 380))
       cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/" 2>/dev/null ;;
+    fused)
+      # The compiled kernels' correctness first (a minute): a failing check leaves the lease for a fix.
+      run fused-test 110 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/backends/test_fused_decode.py \
+        || { note "fused: kernels failed their CUDA check, bench skipped"; continue; }
+      run fused 560 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
+        --phases format=fused-bf16,format=fused-fp8,format=bf16,pipeline,format=fused-bf16/wide,format=fused-bf16/narrow,format=fused-int8,format=fused-bf16/onepass \
+        --pipeline-llm fused-bf16 --budget $(($(left) < 560 ? $(left) - 40 : 520))
+      cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/gpu_inductor-cuda-fused.json" 2>/dev/null ;;
     bound)
       run bound 150 python3 bench/decode_bound.py --device cuda --threads "$THREADS" --tokens 48 --artifacts "$ART" \
         && cp "$ART/bench/decode_bound-cuda.json" "$LOGS/" ;;
     tests)
       set -f  # node ids such as test_x[int8] are not file patterns
       for t in $(python3 -m pytest -q --collect-only -m gpu -p no:cacheprovider tests/backends/test_torch.py \
-                 tests/models/test_llm_static_step.py 2>/dev/null | grep '::'); do
+                 tests/families/cosyvoice2/test_llm_static_step.py 2>/dev/null | grep '::'); do
         run "test-$(echo "$t" | sed 's/.*:://; s/[^A-Za-z0-9_.-]/_/g')" 240 python3 -m pytest -q -p no:cacheprovider \
           -o tmp_path_retention_policy=none --tb=short "$t"
       done

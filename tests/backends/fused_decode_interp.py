@@ -26,9 +26,10 @@ def _cosine(got: torch.Tensor, want: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-def run(weights: str, batch: int, past: int, steps: int, tiling: Tiling) -> dict[str, Any]:
+def run(weights: str, batch: int, past: int, steps: int, tiling: Tiling, device: str = "cpu") -> dict[str, Any]:
     """Teacher-forced decode of ``steps`` tokens after a random prefill of ``past`` positions: the
-    fused step (weights in ``weights``) against the FP32 static step, both through the decoder."""
+    fused step (weights in ``weights``) against the FP32 static step, both through the decoder (on
+    CUDA the fused one as a captured CUDA graph)."""
     torch.manual_seed(0)
     # A small speech vocabulary: the interpreter runs the head's programs one by one.
     lm = Qwen2LM(PRESETS["tiny"].llm, speech_token_size=125).eval()
@@ -37,21 +38,22 @@ def run(weights: str, batch: int, past: int, steps: int, tiling: Tiling) -> dict
         for name, p in lm.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 p.copy_(torch.randn_like(p) * 0.3 + (1.0 if name.endswith("norm.weight") else 0.0))
+    lm = lm.to(device)
     c = lm.cfg
     gen = torch.Generator().manual_seed(1)
-    prefix = torch.randn(batch, past, c.hidden_size, generator=gen)
-    empty = torch.zeros(c.num_layers, 2, batch, c.num_kv_heads, 0, c.head_dim)
+    prefix = torch.randn(batch, past, c.hidden_size, generator=gen).to(device)
+    empty = torch.zeros(c.num_layers, 2, batch, c.num_kv_heads, 0, c.head_dim, device=device)
     with torch.inference_mode():
         _, present = LLMDecodeStep(lm).eval()(prefix, empty)
         static = LLMStaticStep(lm).eval()
-        want_dec, got_dec = StaticCacheDecoder(static, "cpu"), StaticCacheDecoder(FusedDecodeStep(static, weights,
-                                                                                                  tiling), "cpu")
+        want_dec = StaticCacheDecoder(static, device, cuda_graph=False)
+        got_dec = StaticCacheDecoder(FusedDecodeStep(static, weights, tiling), device)
         want_dec.start(present, steps)
         got_dec.start(present, steps)
         rel, cos = [], []
         for _ in range(steps):
-            e = torch.randn(batch, 1, c.hidden_size, generator=gen)
-            want, got = want_dec.step(e), got_dec.step(e)
+            e = torch.randn(batch, 1, c.hidden_size, generator=gen).to(device)
+            want, got = want_dec.step(e).clone(), got_dec.step(e).clone()
             assert got.shape == want.shape, (got.shape, want.shape)
             rel.append(_relative(got, want))
             cos.append(_cosine(got, want))

@@ -63,3 +63,26 @@ def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -
                           cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert message in done.stdout
+
+
+@pytest.mark.gpu
+def test_compiled_kernels_in_a_cuda_graph_match_the_static_step() -> None:
+    """On a CUDA machine (``make test-gpu``), the kernels compiled by the machine's own Triton and
+    replayed as a CUDA graph: the same limits as the interpreter's, at batch 1 and 8 and a longer past."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    from cosycompile.backends.torch.fused_decode import Tiling
+
+    for batch, past in ((1, 7), (8, 130)):
+        r = check.run("fp32", batch, past, 6, Tiling(), "cuda")
+        assert r["finite"] and r["max_relative"] < 1e-5 and r["cache_relative"] < 1e-5, r
+    for weights, cosine in (("bf16", 0.999), ("int8", 0.995), ("fp8", 0.99)):
+        r = check.run(weights, 1, 7, 4, Tiling(), "cuda")
+        assert r["finite"] and r["min_cosine"] > cosine and r["max_relative"] > 1e-6, r

@@ -340,7 +340,9 @@ class FusedDecodeStep:
             self._linear(act, B, down, h, False, None, None, True, t.down_rows, t.down_k, kw)
         logits = buf["logits"]
         self._linear(h, B, self.head, logits, True, self.norm, self.head_bias, False, t.head_rows, t.head_k, kw)
-        return logits, new
+        # On CUDA the buffer is the captured graph's output, as StaticCacheDecoder documents; on a CPU
+        # (the interpreter) callers keep each step's logits, which a shared buffer would overwrite.
+        return (logits if logits.is_cuda else logits.clone()), new
 
     def _linear(self, x: torch.Tensor, B: int, m: _Matrix, out: torch.Tensor, norm: bool, nw: torch.Tensor | None,
                 bias: torch.Tensor | None, residual: bool, rows: int, k: int, kw: dict[str, int]) -> None:
