@@ -2,25 +2,22 @@
 
 A missing or empty file would otherwise surface only when the step that reads it runs, after
 minutes of export and engine building (or, for tokenizer files, never: a Qwen tokenizer built from
-default files loads fine and turns every text into no ids). The checks here look at files only:
-existence, type, size, and for JSON files that they parse. Nothing is loaded, and this module
-imports neither torch nor transformers, so planning stays light.
+default files loads fine and turns every text into no ids). The checks (shared by every family, in
+:mod:`cosycompile.families.model_dir`) look at files only: existence, type, size, and for JSON files
+that they parse. Nothing is loaded, and this module imports neither torch nor transformers, so
+planning stays light.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
-from cosycompile.errors import ModelError
+from cosycompile.families.model_dir import check_model_files, check_onnx_models
 from . import CONFIG_FILE, QWEN_DIR
 
-BUILTIN_MARKER = "builtin.json"
-STAGE_CHECKPOINTS = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}
 FRONTEND_MODELS = {"campplus.onnx": "speaker embedding (CAM++) of the front end",
                    "speech_tokenizer_v2.onnx": "speech tokenizer of the front end"}
-_TOKENIZER = "the front end's Qwen tokenizer"
 
 
 def check_model_dir(root: Path, stages: Sequence[str]) -> None:
@@ -32,126 +29,11 @@ def check_model_dir(root: Path, stages: Sequence[str]) -> None:
     files are required whatever ``stages`` holds. The message is one line: the file's full path,
     what is wrong with it, and what needs it.
     """
-    root = Path(root)
-    _need_file(root / CONFIG_FILE, "the model config: without it this is not a CosyVoice2 model dir")
-    for stage in stages:
-        name = STAGE_CHECKPOINTS.get(stage)
-        if name is not None:
-            _need_file(root / name, f"checkpoint of stage '{stage}'")
-    qdir = root / QWEN_DIR
-    builtin = (root / BUILTIN_MARKER).is_file()
-    # read_model_config reads the Qwen2 config for every stage, not only for the LLM, and a built-in
-    # model's stand-in tokenizer takes its vocab size from it: every build needs it.
-    why = "Qwen2 config of the LLM" if "llm" in stages else "Qwen2 config, read with cosyvoice2.yaml for every stage"
-    qcfg = _need_json(qdir / "config.json", why)
-    if builtin:
-        _need_json(root / BUILTIN_MARKER, "marker of a built-in model, read by the front end")
-        vocab = qcfg.get("vocab_size")
-        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
-            raise ModelError(f"{qdir / 'config.json'}: needs a positive integer vocab_size "
-                             f"(the built-in model's stand-in tokenizer folds bytes into it)")
-    else:
-        _check_tokenizer(qdir, qcfg)
-    for name, why in FRONTEND_MODELS.items():
-        _need_file(root / name, why)
-
-
-def _check_tokenizer(qdir: Path, qcfg: dict[str, Any]) -> None:
-    """The files ``AutoTokenizer.from_pretrained(qdir, local_files_only=True)`` loads a working tokenizer from.
-
-    transformers 5 takes ``tokenizer.json`` when it is there (vocab.json / merges.txt are then not
-    read); otherwise it builds the BPE from ``vocab.json`` + ``merges.txt`` and needs a class for it,
-    from ``tokenizer_config.json``'s ``tokenizer_class`` or ``config.json``'s ``model_type``. With
-    none of those files it still "loads" a tokenizer whose vocab is one special token, which is the
-    failure this check exists for. ``tokenizer_config.json`` is read whenever present.
-    """
-    tcfg_path = qdir / "tokenizer_config.json"
-    tcfg = _need_json(tcfg_path, _TOKENIZER) if tcfg_path.exists() else {}
-    tok_json = qdir / "tokenizer.json"
-    if tok_json.exists():
-        data = _need_json(tok_json, _TOKENIZER)
-        model = data.get("model")
-        if not isinstance(model, dict) or not model.get("vocab") or not isinstance(data.get("added_tokens"), list):
-            raise ModelError(f"{tok_json}: not a tokenizers file (needs 'model' with a vocab and 'added_tokens') "
-                             f"({_TOKENIZER})")
-        return
-    vocab, merges = qdir / "vocab.json", qdir / "merges.txt"
-    need = f"{_TOKENIZER}, which needs vocab.json and merges.txt, or tokenizer.json"
-    # Name vocab.json first: it is the file a released CosyVoice2-0.5B dir has (it has no tokenizer.json).
-    data = _need_json(vocab, need)
-    if not data:
-        raise ModelError(f"{vocab}: vocabulary is empty ({_TOKENIZER})")
-    _need_file(merges, need)
-    _check_merges(merges)
-    if not isinstance(tcfg.get("tokenizer_class"), str) and not isinstance(qcfg.get("model_type"), str):
-        raise ModelError(f"{tcfg_path}: {'has no tokenizer_class' if tcfg_path.exists() else 'missing'} and "
-                         f"{qdir / 'config.json'} has no model_type, so {_TOKENIZER} class is unknown")
-
-
-def _check_merges(path: Path) -> None:
-    """Every line must be one merge ``a b``, as tokenizers' BPE reader requires (``#version`` lines skipped)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: unreadable ({exc.__class__.__name__}) ({_TOKENIZER})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # a final newline ends the last line; it does not start an empty one
-    n_merges = 0
-    for n, line in enumerate(lines, 1):
-        line = line.removesuffix("\r")
-        if line.startswith("#version"):
-            continue
-        if len(line.split(" ")) != 2:
-            raise ModelError(f"{path}:{n}: not a BPE merge 'a b' ({_TOKENIZER})")
-        n_merges += 1
-    if n_merges == 0:
-        # Loads, but every byte becomes its own token: silently wrong text ids.
-        raise ModelError(f"{path}: has no merges ({_TOKENIZER})")
+    check_model_files(Path(root), stages, CONFIG_FILE, "CosyVoice2", QWEN_DIR, FRONTEND_MODELS)
 
 
 def check_frontend_models(root: Path) -> None:
     """Parse the front end's ONNX models (structure only, no session): a truncated or foreign file
     is a :class:`ModelError` naming it. Run by the preflight of the steps that use the front end,
     not at planning time, since it imports onnx."""
-    import onnx
-
-    for name, why in FRONTEND_MODELS.items():
-        path = Path(root) / name
-        try:
-            onnx.checker.check_model(onnx.load(str(path), load_external_data=False))
-        except Exception as exc:  # onnx raises DecodeError, ValidationError, OSError, ...
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ModelError(f"{path}: not a valid ONNX model ({first[:200]}) ({why})") from None
-
-
-def _need_file(path: Path, why: str) -> None:
-    if not path.exists():
-        raise ModelError(f"{path}: missing ({why})")
-    if not path.is_file():
-        raise ModelError(f"{path}: not a file ({why})")
-    try:
-        with path.open("rb") as f:
-            empty = not f.read(1)
-    except OSError as exc:
-        raise ModelError(f"{path}: unreadable ({exc.strerror or exc.__class__.__name__}) ({why})") from None
-    if empty:
-        raise ModelError(f"{path}: empty file ({why})")
-
-
-MAX_JSON_BYTES = 64 << 20  # Qwen's tokenizer.json is 7 MB; a config is kB
-
-
-def _need_json(path: Path, why: str) -> dict[str, Any]:
-    _need_file(path, why)
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise ModelError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit ({why})")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}) ({why})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{path}: unreadable ({exc.__class__.__name__}) ({why})") from None
-    if not isinstance(data, dict):
-        raise ModelError(f"{path}: expected a JSON object ({why})")
-    return data
+    check_onnx_models(root, FRONTEND_MODELS)

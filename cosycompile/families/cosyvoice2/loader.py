@@ -7,10 +7,6 @@ with ``weights_only=True`` and ``strict=True``.
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -19,6 +15,10 @@ import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
+from cosycompile.families.checkpoints import (check_strict, init_weights, load_builtin, load_strict, normalize_hift_keys,
+                                              staged_dir,
+                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
+                                              write_qwen_config, write_seeded_checkpoints)
 from . import CONFIG_FILE, PLUGIN, QWEN_DIR
 from .config import PRESETS, ModelConfig
 from .yaml_safe import read_model_config
@@ -68,29 +68,8 @@ def build_hift(cfg: ModelConfig) -> nn.Module:
 BUILDERS = {"llm": build_llm, "flow": build_flow, "hift": build_hift}
 
 
-def _normalize_hift_keys(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip a ``generator.`` prefix and map old-style weight_g/weight_v to parametrization names."""
-    out = {}
-    for k, v in sd.items():
-        if k.startswith("generator."):
-            k = k[len("generator."):]
-        if k.endswith(".weight_g"):
-            k = k[: -len(".weight_g")] + ".parametrizations.weight.original0"
-        elif k.endswith(".weight_v"):
-            k = k[: -len(".weight_v")] + ".parametrizations.weight.original1"
-        out[k] = v
-    return out
-
-
-def _load_state(path: Path, mmap: bool = False) -> Any:
-    """A checkpoint's state dict (memory-mapped for cheap checks); unreadable files are ModelErrors."""
-    if not path.is_file():
-        raise ModelError(f"{path}: checkpoint is missing")
-    try:
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except Exception as exc:  # pickle/zip errors come in many types
-        raise ModelError(f"{path}: not a readable PyTorch checkpoint ({exc.__class__.__name__})") from None
-    return sd
+# Key spellings of older checkpoints, mapped to the network's before matching.
+NORMALIZE = {"hift": normalize_hift_keys}
 
 
 def check_checkpoint(model_dir: Path, stage: str) -> None:
@@ -101,30 +80,7 @@ def check_checkpoint(model_dir: Path, stage: str) -> None:
     """
     model_dir = Path(model_dir)
     cfg = read_model_config(model_dir)
-    with torch.device("meta"):
-        net = BUILDERS[stage](cfg)
-    path = model_dir / f"{stage}.pt"
-    sd = _load_state(path, mmap=True)
-    _match(path, stage, net.state_dict(), _normalize_hift_keys(sd) if stage == "hift" else sd)
-
-
-def _match(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -> None:
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise ModelError(f"{path}: expected a state dict of tensors")
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing (e.g. {', '.join(missing[:3])})")
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
-        raise ModelError(f"{path}: keys do not match the {stage} network: {'; '.join(parts)}")
-    bad = [k for k in own if own[k].shape != sd[k].shape]
-    if bad:
-        k = bad[0]
-        raise ModelError(f"{path}: shape mismatch for {len(bad)} tensors, e.g. {k}: checkpoint "
-                         f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
+    check_strict(model_dir / f"{stage}.pt", stage, lambda: BUILDERS[stage](cfg), NORMALIZE.get(stage))
 
 
 def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
@@ -134,12 +90,7 @@ def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "
     :func:`init_model` first and loaded from there, exactly like a real checkpoint.
     """
     if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
-        import tempfile
-
-        with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
-            loaded = load_models(init_model(model_dir, Path(tmp) / "model"), stages)
-        loaded.model_dir = None
-        return loaded
+        return load_builtin(model_dir, init_model, load_models, tuple(stages))
     model_dir = Path(model_dir)
     stages = tuple(stages)
     unknown = [s for s in stages if s not in BUILDERS]
@@ -148,14 +99,7 @@ def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "
     cfg = read_model_config(model_dir)
     out = LoadedModels(cfg, model_dir=model_dir)
     for stage in stages:
-        net = BUILDERS[stage](cfg)
-        path = model_dir / f"{stage}.pt"
-        sd = _load_state(path)
-        if stage == "hift":
-            sd = _normalize_hift_keys(sd)
-        _match(path, stage, net.state_dict(), sd)
-        net.load_state_dict(sd, strict=True)
-        setattr(out, stage, net.float().eval())
+        setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, BUILDERS[stage](cfg), NORMALIZE.get(stage)))
     return out
 
 
@@ -268,92 +212,6 @@ hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
 """
 
 
-def _init_weights(net: nn.Module, std: float = 0.02) -> None:
-    """Small, well-scaled random weights: finite, non-degenerate outputs from every stage."""
-    for name, p in net.named_parameters():
-        if "original0" in name:  # weight-norm gains keep the norm of the layer's default init
-            continue
-        if name.endswith("alpha"):
-            nn.init.ones_(p)
-        elif p.ndim == 1:
-            nn.init.zeros_(p)
-        else:
-            nn.init.normal_(p, 0.0, std)
-    for m in net.modules():  # normalisation layers: identity scale, whatever their attribute name
-        if isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-
-
-@torch.no_grad()
-def _voice_f0_predictor(hift: nn.Module, mean_hz: float = 150.0, spread_hz: float = 25.0) -> None:
-    """Centre the random F0 predictor on a speaking pitch.
-
-    With small random weights it predicts ~0 Hz, below the 10 Hz voicing threshold, so the NSF
-    sine source (the part of HiFT most sensitive to numerics) would be silent in every test.
-    The classifier is rescaled on a probe mel so F0 ~ mean_hz +- spread_hz and follows the input.
-    """
-    probe = torch.randn(1, hift.cfg.in_channels, 200) * 1.5 - 5.0
-    h = hift.f0_predictor.condnet(probe).transpose(1, 2)
-    cls = hift.f0_predictor.classifier
-    proj = h @ cls.weight[0]
-    scale = spread_hz / max(float(proj.std()), 1e-6)
-    cls.weight.mul_(scale)
-    cls.bias.fill_(mean_hz - float(proj.mean()) * scale)
-
-
-def _write_frontend_standins(out: Path, seed: int) -> None:
-    """Tiny ONNX models with the real campplus / speech tokenizer I/O signatures."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    # campplus: input [1, T, 80] -> RMS over time -> affine to 192. (The front end subtracts the
-    # time mean from the fbank first, so a mean pooling would give the same vector for everyone.)
-    w = numpy_helper.from_array(rng.standard_normal((80, 192)).astype(np.float32) * 0.1, "w")
-    b = numpy_helper.from_array(rng.standard_normal(192).astype(np.float32), "b")
-    g = helper.make_graph(
-        [helper.make_node("Mul", ["input", "input"], ["sq"]),
-         helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[1], keepdims=0),
-         helper.make_node("Sqrt", ["ms"], ["rms"]),
-         helper.make_node("MatMul", ["rms", "w"], ["proj"]),
-         helper.make_node("Add", ["proj", "b"], ["embedding"])],
-        "campplus_standin",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, "T", 80])],
-        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, [1, 192])], [w, b])
-    _save_standin(g, out / "campplus.onnx")
-    # speech tokenizer: feats [1,128,T] -> 4-frame average pooling -> projection -> argmax ids (25 Hz).
-    proj = numpy_helper.from_array(rng.standard_normal((128, 6561)).astype(np.float32), "proj")
-    g = helper.make_graph(
-        [helper.make_node("Unsqueeze", ["feats", "ax"], ["f4"]),
-         helper.make_node("AveragePool", ["f4"], ["p4"], kernel_shape=[1, 4], strides=[1, 4], ceil_mode=1),
-         helper.make_node("Squeeze", ["p4", "ax"], ["p"]),
-         helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 2, 1]),
-         helper.make_node("MatMul", ["pt", "proj"], ["logits"]),
-         helper.make_node("ArgMax", ["logits"], ["ids64"], axis=2, keepdims=0),
-         helper.make_node("Cast", ["ids64"], ["tokens"], to=TensorProto.INT32),
-         helper.make_node("Identity", ["feats_length"], ["unused_len"])],
-        "speech_tokenizer_standin",
-        [helper.make_tensor_value_info("feats", TensorProto.FLOAT, [1, 128, "T"]),
-         helper.make_tensor_value_info("feats_length", TensorProto.INT32, [1])],
-        [helper.make_tensor_value_info("tokens", TensorProto.INT32, [1, "N"]),
-         helper.make_tensor_value_info("unused_len", TensorProto.INT32, [1])],
-        [proj, numpy_helper.from_array(np.array([2], np.int64), "ax")])
-    _save_standin(g, out / "speech_tokenizer_v2.onnx")
-
-
-def _save_standin(graph: Any, path: Path) -> None:
-    """Save a stand-in graph at opset 17 with the oldest IR version that holds it. ``make_model`` stamps
-    the IR version of the onnx package that writes it, and a model dir written with a newer onnx than a
-    server's ONNX Runtime then fails to load there (seen on a GPU image: IR 14 written, 13 readable)."""
-    import onnx
-    from onnx import helper
-
-    opsets = [helper.make_opsetid("", 17)]
-    model = helper.make_model(graph, opset_imports=opsets, ir_version=helper.find_min_ir_version_for(opsets))
-    onnx.save(model, path)
-
-
 # builtin:tiny-snake is builtin:tiny (same config, same seeded weights) with 4 Snake alphas of one HiFT
 # resblock made tiny, as upstream CosyVoice3's HiFT has (4 of 10,752 alphas < 1.6e-5): their reciprocals
 # 1/(alpha + 1e-9) are 6.7e4..2.5e5, beyond FP16's 65504, so an FP16 HiFT built naively clips the audio.
@@ -385,40 +243,25 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     preset, hift_edit = VARIANTS.get(name, (name, None))
     cfg = PRESETS[preset]
     out_dir = Path(out_dir)
-    tmp = out_dir.parent / f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
-    tmp.mkdir(parents=True)
-    try:
+    with staged_dir(out_dir) as tmp:
         (tmp / CONFIG_FILE).write_text(_yaml_text(cfg))
-        qdir = tmp / QWEN_DIR
-        qdir.mkdir()
         from .qwen2lm import qwen2_config
 
-        qcfg = qwen2_config(cfg.llm).to_dict()
-        (qdir / "config.json").write_text(json.dumps(qcfg, indent=2, sort_keys=True, default=str))
-        (qdir / "generation_config.json").write_text(json.dumps({"do_sample": False}, indent=2))
-        for i, stage in enumerate(("llm", "flow", "hift")):
-            with torch.random.fork_rng():  # seeded weights without touching the caller's RNG
-                torch.manual_seed(seed * 1000 + i)
-                net = BUILDERS[stage](cfg)
-                if stage == "flow":
-                    _init_weights(net)
-                if stage == "hift":
-                    # PyTorch's default init, as a fresh upstream HiFT has (its normal(0, 0.01) init never
-                    # reaches the weight-normed convs): small weights would silence the source path.
-                    _voice_f0_predictor(net)
-                    if hift_edit is not None:
-                        hift_edit(net)
-            torch.save(net.state_dict(), tmp / f"{stage}.pt")
-            del net
-        _write_frontend_standins(tmp, seed)
-        (tmp / "builtin.json").write_text(json.dumps({"builtin": name, "seed": seed}, indent=2))
-        if out_dir.exists():
-            if any(out_dir.iterdir()):
-                raise ModelError(f"{out_dir}: exists and is not empty")
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        write_qwen_config(tmp / QWEN_DIR, qwen2_config(cfg.llm).to_dict())
+
+        def prepare(stage: str, net: nn.Module) -> None:
+            if stage == "flow":
+                init_weights(net)
+            if stage == "hift":
+                # PyTorch's default init, as a fresh upstream HiFT has (its normal(0, 0.01) init never
+                # reaches the weight-normed convs): small weights would silence the source path.
+                voice_f0_predictor(net)
+                if hift_edit is not None:
+                    hift_edit(net)
+
+        write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, prepare)
+        write_frontend_standins(tmp, seed)
+        write_builtin_marker(tmp, name, seed)
     return out_dir
 
 
