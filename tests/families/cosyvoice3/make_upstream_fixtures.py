@@ -53,7 +53,7 @@ OUT = REPO / "tests" / "data" / "cv3_upstream"
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
 sys.path.insert(0, str(REPO))
 
-from cosycompile.families._cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny  # noqa: E402
+from cosycompile.families.cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------

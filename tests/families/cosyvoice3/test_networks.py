@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from cosycompile.families._cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny
-from cosycompile.families._cosyvoice3.flow import CausalMaskedDiffWithDiT
-from cosycompile.families._cosyvoice3.hift import CausalHiFTGenerator, Snake
-from cosycompile.families._cosyvoice3.lm import CosyVoice3LM
+from cosycompile.families.cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny
+from cosycompile.families.cosyvoice3.flow import CausalMaskedDiffWithDiT
+from cosycompile.families.cosyvoice3.hift import CausalHiFTGenerator, Snake
+from cosycompile.families.cosyvoice3.lm import CosyVoice3LM
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "cv3_upstream"
 TOL = 1e-5

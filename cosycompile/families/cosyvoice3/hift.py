@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
-from cosycompile.families._cosyvoice3.config import HiFTConfig
+from .config import HiFTConfig
 
 
 class Snake(nn.Module):
@@ -155,13 +155,19 @@ class SineGen2(nn.Module):
         self.rand_ini: torch.Tensor | None = None  # [1, H]; column 0 (the fundamental) is 0
         self.sine_waves: torch.Tensor | None = None  # [1, L_max, H], uniform [0, 1) as upstream draws it
 
-    def forward(self, f0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """f0 [B, L, 1] at sample rate -> (sines + noise [B, L, H], voiced flag [B, L, 1])."""
-        assert self.rand_ini is not None and self.sine_waves is not None, "call set_noise first"
+    def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                sine_waves: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """f0 [B, L, 1] at sample rate -> (sines + noise [B, L, H], voiced flag [B, L, 1]).
+
+        ``rand_ini`` / ``sine_waves`` replace the fixed tensors for this call (graph inputs of an export).
+        """
+        rand_ini = self.rand_ini if rand_ini is None else rand_ini
+        sine_waves = self.sine_waves if sine_waves is None else sine_waves
+        assert rand_ini is not None and sine_waves is not None, "call set_noise first"
         harmonics = torch.arange(1, self.harmonic_num + 2, dtype=torch.float32, device=f0.device)
         rad = (f0 * harmonics[None, None, :] / self.sampling_rate) % 1
         # The initial phase offsets are added at sample 0 only (upstream's rad_values[:, 0, :]).
-        rad = torch.cat([rad[:, :1] + self.rand_ini.to(rad.device), rad[:, 1:]], dim=1)
+        rad = torch.cat([rad[:, :1] + rand_ini.to(rad.device), rad[:, 1:]], dim=1)
         rad = F.interpolate(rad.transpose(1, 2), scale_factor=1 / self.upsample_scale, mode="linear").transpose(1, 2)
         phase = torch.cumsum(rad, dim=1) * 2 * np.pi
         phase = F.interpolate(phase.transpose(1, 2) * self.upsample_scale, scale_factor=self.upsample_scale,
@@ -169,7 +175,7 @@ class SineGen2(nn.Module):
         sines = torch.sin(phase) * self.sine_amp
         uv = (f0 > self.voiced_threshold).type(torch.float32)
         noise_amp = uv * self.noise_std + (1 - uv) * self.sine_amp / 3
-        noise = noise_amp * self.sine_waves[:, :sines.shape[1]].to(sines.device)
+        noise = noise_amp * sine_waves[:, :sines.shape[1]].to(sines.device)
         return sines * uv + noise, uv
 
 
@@ -186,9 +192,10 @@ class SourceModuleHnNSF(nn.Module):
         self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
         self.l_tanh = nn.Tanh()
 
-    def forward(self, f0: torch.Tensor) -> torch.Tensor:
+    def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
+                sine_waves: torch.Tensor | None = None) -> torch.Tensor:
         with torch.no_grad():
-            sines, _ = self.l_sin_gen(f0)
+            sines, _ = self.l_sin_gen(f0, rand_ini, sine_waves)
         return self.l_tanh(self.l_linear(sines))
 
 
@@ -268,15 +275,25 @@ class CausalHiFTGenerator(nn.Module):
         return torch.istft(torch.complex(real, imag), self.n_fft, self.hop, self.n_fft,
                            window=self.stft_window.to(magnitude.device))
 
-    def source(self, f0: torch.Tensor) -> torch.Tensor:
-        """F0 per mel frame [B, T] -> excitation [B, 1, 480 T]."""
-        self.ensure_noise()
+    def source(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
+               sine_waves: torch.Tensor | None = None) -> torch.Tensor:
+        """F0 per mel frame [B, T] -> excitation [B, 1, 480 T] (from the fixed noise, or the tensors given:
+        ``rand_ini`` [1, H] with column 0 at 0, ``sine_waves`` [1, >= 480 T, H])."""
+        if rand_ini is None or sine_waves is None:
+            self.ensure_noise()
         s = self.f0_upsamp(f0[:, None]).transpose(1, 2)
-        return self.m_source(s).transpose(1, 2)
+        return self.m_source(s, rand_ini, sine_waves).transpose(1, 2)
 
     def decode(self, x: torch.Tensor, s: torch.Tensor, finalize: bool = True) -> torch.Tensor:
         """Mel [B, 80, T] and excitation [B, 1, L] -> waveform. Unless ``finalize``, the last
         ``conv_pre_look_right`` frames are look-ahead only and the output stops before them."""
+        wav = self._istft(*self.spectrum(x, s, finalize))
+        if not finalize:
+            wav = wav[:, :-self.upsample_scale]
+        return torch.clamp(wav, -self.audio_limit, self.audio_limit)
+
+    def spectrum(self, x: torch.Tensor, s: torch.Tensor, finalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(magnitude, phase) [B, n_fft/2 + 1, frames] that the iSTFT turns into the waveform (see :meth:`decode`)."""
         s_real, s_imag = self._stft(s.squeeze(1))
         if finalize:
             x = self.conv_pre(x)
@@ -298,10 +315,7 @@ class CausalHiFTGenerator(nn.Module):
         x = self.conv_post(F.leaky_relu(x))
         half = self.n_fft // 2 + 1
         # sin() of the phase channels is upstream's (redundant under cos/sin, kept for equal numbers).
-        wav = self._istft(torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :]))
-        if not finalize:
-            wav = wav[:, :-self.upsample_scale]
-        return torch.clamp(wav, -self.audio_limit, self.audio_limit)
+        return torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :])
 
     def predict_f0(self, mel: torch.Tensor, finalize: bool = True) -> torch.Tensor:
         """F0 [B, T'] in Hz, computed in float64 when ``cfg.f0_float64``, as upstream does.
@@ -327,3 +341,21 @@ class CausalHiFTGenerator(nn.Module):
         s = self.source(f0)
         x = speech_feat if finalize else speech_feat[:, :, :-self.f0_predictor.look_ahead]
         return self.decode(x, s, finalize=finalize), s
+
+
+class HiFTNetStep(nn.Module):
+    """Graph wrapper of the offline (finalized) vocoder up to the iSTFT:
+    ``(mel [1, 80, T], rand_ini [1, H], noise [1, 480 T, H]) -> (magnitude, phase)``.
+
+    ``magnitude`` is clipped at 1e2 as the iSTFT clips it, so the runtime's numpy iSTFT takes it as is.
+    """
+
+    def __init__(self, hift: CausalHiFTGenerator) -> None:
+        super().__init__()
+        self.hift = hift
+
+    def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rand_ini = torch.cat([torch.zeros_like(rand_ini[:, :1]), rand_ini[:, 1:]], dim=1)
+        s = self.hift.source(self.hift.predict_f0(mel), rand_ini, noise)
+        magnitude, phase = self.hift.spectrum(mel, s)
+        return torch.clip(magnitude, max=1e2), phase

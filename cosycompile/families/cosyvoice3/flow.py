@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosycompile.families._cosyvoice3.config import FlowConfig
-from cosycompile.families._cosyvoice3.dit import DiT
+from .config import FlowConfig
+from .dit import DiT
 
 
 class PreLookaheadLayer(nn.Module):

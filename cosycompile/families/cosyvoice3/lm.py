@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cosycompile.families._cosyvoice3.config import LMConfig
+from .config import LMConfig
 
 # Qwen's ``<|endofprompt|>``: upstream asserts it is in the text (or prompt text) of every request.
 ENDOFPROMPT_ID = 151646

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosycompile.families._cosyvoice3.config import DiTConfig
+from .config import DiTConfig
 
 
 class SinusPositionEmbedding(nn.Module):

@@ -1,0 +1,30 @@
+"""CosyVoice3 (Fun-CosyVoice3-0.5B): a Qwen2 LM with CosyVoice3's speech vocabulary, a DiT CFM flow
+with a pre-look-ahead layer, the causal HiFT vocoder (24 kHz).
+
+What is this family's own sits in this folder: the networks with upstream's state-dict keys
+(``lm.py``, ``flow.py``, ``dit.py``, ``hift.py``), the safe reader of ``cosyvoice3.yaml``
+(``yaml_read.py``, ``config.py``), the model dir's layout check (``layout.py``), the loader and the
+built-in models (``loader.py``) and the stage runtimes (``runtimes.py``). This file stays light: no torch.
+"""
+
+from __future__ import annotations
+
+from cosycompile.families import FamilyInfo
+
+QWEN_DIR = "CosyVoice-BlankEN"
+CONFIG_FILE = "cosyvoice3.yaml"
+SPEECH_TOKENIZER = "speech_tokenizer_v3.onnx"
+
+PLUGIN = FamilyInfo(
+    summary="Fun-CosyVoice3-0.5B: Qwen2 LM, DiT CFM flow with pre-look-ahead, causal HiFT vocoder (24 kHz)",
+    config_file=CONFIG_FILE,
+    builtins=("cv3-tiny", "cv3-random-0.5b"),
+    tiny_builtin="cv3-tiny",
+    stage_files={"llm": (CONFIG_FILE, "llm.pt", f"{QWEN_DIR}/config.json"),
+                 "flow": (CONFIG_FILE, "flow.pt"), "hift": (CONFIG_FILE, "hift.pt")},
+    frontend_files=("campplus.onnx", SPEECH_TOKENIZER, "builtin.json",
+                    f"{QWEN_DIR}/tokenizer_config.json", f"{QWEN_DIR}/vocab.json",
+                    f"{QWEN_DIR}/merges.txt", f"{QWEN_DIR}/tokenizer.json"),
+    bundle_files=(f"{QWEN_DIR}/config.json", f"{QWEN_DIR}/special_tokens_map.json", f"{QWEN_DIR}/added_tokens.json"),
+    runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
+)

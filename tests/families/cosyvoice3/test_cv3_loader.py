@@ -1,0 +1,184 @@
+"""A model dir in upstream CosyVoice3's layout loads strictly: a missing, extra or mis-shaped key is a
+one-line error naming the file and the key (from the loader, the pre-flight check and the CLI), the
+built-ins go through the same loader, and a dir holding cosyvoice3.yaml is the cosyvoice3 family."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosycompile.errors import ModelError
+from cosycompile.families.cosyvoice3.loader import PRESETS, _yaml_text, check_checkpoint, init_model, load_models
+from helpers import EVAL_SET, REPO, run_cli, write_recipe
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "cv3_upstream"
+STAGES = ("llm", "flow", "hift")
+
+
+@pytest.fixture(scope="module")
+def cv3_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """builtin:cv3-tiny written in upstream's layout (read-only: copy before editing)."""
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return init_model("builtin:cv3-tiny", tmp_path_factory.mktemp("cv3") / "tiny", seed=0)
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit(path: Path, edit) -> None:  # noqa: ANN001 (a callable on the state dict)
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    edit(sd)
+    torch.save(sd, path)
+
+
+# A key of each stage's checkpoint, as upstream names it.
+KEYS = {"llm": "llm_decoder.weight", "flow": "decoder.estimator.proj_out.bias",
+        "hift": "f0_predictor.classifier.weight"}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("fault", ["missing", "extra", "shape"])
+def test_bad_key_is_one_line_naming_file_and_key(cv3_tiny_dir: Path, tmp_path: Path, stage: str, fault: str) -> None:
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    key = KEYS[stage]
+    if fault == "missing":
+        _edit(d / f"{stage}.pt", lambda sd: sd.pop(key))
+        want = f"1 missing (e.g. {key})"
+    elif fault == "extra":
+        key = "decoder.estimator.not_upstream.weight"
+        _edit(d / f"{stage}.pt", lambda sd: sd.__setitem__(key, torch.zeros(2)))
+        want = f"1 unexpected (e.g. {key})"
+    else:
+        _edit(d / f"{stage}.pt", lambda sd: sd.__setitem__(key, torch.zeros(*(n + 1 for n in sd[key].shape))))
+        want = f"shape mismatch for 1 tensors, e.g. {key}"
+    for check in (lambda: load_models(d, (stage,)), lambda: check_checkpoint(d, stage)):
+        with pytest.raises(ModelError) as err:
+            check()
+        msg = str(err.value)
+        assert msg.startswith(f"{d / f'{stage}.pt'}: ") and "\n" not in msg, msg
+        assert want in msg, msg
+
+
+def test_an_unreadable_checkpoint_names_the_file(cv3_tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    (d / "hift.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ModelError, match=r"hift\.pt: not a readable PyTorch checkpoint"):
+        load_models(d, ("hift",))
+    (d / "flow.pt").unlink()
+    with pytest.raises(ModelError, match=r"flow\.pt: checkpoint is missing"):
+        check_checkpoint(d, "flow")
+
+
+def test_hift_keys_with_upstreams_generator_prefix_load(cv3_tiny_dir: Path, tmp_path: Path) -> None:
+    """Upstream strips ``generator.`` from hift.pt's keys (a checkpoint saved from its GAN wrapper)."""
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    sd = torch.load(d / "hift.pt", weights_only=True)
+    torch.save({f"generator.{k}": v for k, v in sd.items()}, d / "hift.pt")
+    hift = load_models(d, ("hift",)).hift
+    assert all(torch.equal(hift.state_dict()[k], v) for k, v in sd.items())
+
+
+def _meta_checkpoint(shapes: dict[str, list[int]], path: Path) -> None:
+    """A state dict with upstream's keys and shapes and no data (meta tensors): enough for key checks."""
+    torch.save({k: torch.empty(*v, device="meta") for k, v in shapes.items()}, path)
+
+
+def test_upstream_0_5b_layout_passes_the_strict_check(tmp_path: Path) -> None:
+    """Upstream's own cosyvoice3.yaml plus state dicts with the keys and shapes upstream's classes have at
+    the 0.5B config (shapes_0_5b.json, written by running upstream's code) pass the strict check of every
+    stage; one shape off fails it naming the key."""
+    from cosycompile.families.cosyvoice3.lm import qwen2_config
+
+    shapes = json.loads((DATA / "shapes_0_5b.json").read_text())
+    d = tmp_path / "Fun-CosyVoice3-0.5B"
+    d.mkdir()
+    shutil.copy(DATA / "cosyvoice3.yaml", d / "cosyvoice3.yaml")
+    (d / "CosyVoice-BlankEN").mkdir()
+    (d / "CosyVoice-BlankEN" / "config.json").write_text(json.dumps(qwen2_config(PRESETS["cv3-random-0.5b"].lm).to_dict(),
+                                                                    default=str))
+    upstream = {"llm": shapes["lm"], "flow": shapes["flow"], "hift": shapes["hift"]}
+    for stage in STAGES:
+        _meta_checkpoint(upstream[stage], d / f"{stage}.pt")
+        check_checkpoint(d, stage)
+    key = "decoder.estimator.transformer_blocks.21.attn.to_q.weight"
+    _meta_checkpoint({**upstream["flow"], key: [1024, 1023]}, d / "flow.pt")
+    with pytest.raises(ModelError, match=rf"flow\.pt: shape mismatch for 1 tensors, e.g. {key}"):
+        check_checkpoint(d, "flow")
+
+
+def test_the_0_5b_builtins_yaml_reads_as_the_0_5b_config(tmp_path: Path) -> None:
+    """builtin:cv3-random-0.5b's cosyvoice3.yaml (written without its 3 GB of weights) is upstream's config."""
+    from cosycompile.families.cosyvoice3.lm import qwen2_config
+    from cosycompile.families.cosyvoice3.yaml_read import read_model_config
+
+    cfg = PRESETS["cv3-random-0.5b"]
+    (tmp_path / "cosyvoice3.yaml").write_text(_yaml_text(cfg))
+    (tmp_path / "CosyVoice-BlankEN").mkdir()
+    (tmp_path / "CosyVoice-BlankEN" / "config.json").write_text(json.dumps(qwen2_config(cfg.lm).to_dict(), default=str))
+    assert read_model_config(tmp_path) == cfg
+
+
+def test_the_tiny_builtin_loads_through_the_loader(cv3_tiny_dir: Path) -> None:
+    from cosycompile.families import detect_family, load_models as registry_load, resolve_family
+
+    assert detect_family(cv3_tiny_dir).name == "cosyvoice3"
+    assert resolve_family("builtin:cv3-tiny").name == resolve_family("builtin:cv3-random-0.5b").name == "cosyvoice3"
+    models = registry_load("builtin:cv3-tiny", STAGES)
+    assert models.family == "cosyvoice3" and models.model_dir is None
+    assert models.config.lm.speech_token_size == PRESETS["cv3-tiny"].lm.speech_token_size
+    # The same seed writes the same weights; another seed other weights.
+    again = load_models(cv3_tiny_dir, ("flow",)).flow.state_dict()
+    assert all(torch.equal(again[k], v) for k, v in models.flow.state_dict().items())
+    other = init_model("builtin:cv3-tiny", cv3_tiny_dir.parent / "seed1", seed=1)
+    w = "decoder.estimator.proj_out.weight"
+    assert not torch.equal(load_models(other, ("flow",)).flow.state_dict()[w], again[w])
+
+
+def test_an_unknown_builtin_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match=r"unknown built-in model 'builtin:cv3-huge' \(known: builtin:cv3-tiny, "):
+        init_model("builtin:cv3-huge", tmp_path / "m")
+
+
+def test_a_dir_with_both_configs_asks_for_the_family(cv3_tiny_dir: Path, tmp_path: Path) -> None:
+    from cosycompile.families import detect_family
+
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    (d / "cosyvoice2.yaml").write_text("x: 1\n")
+    with pytest.raises(ModelError, match=r"configs of several families \(cosyvoice2\.yaml, cosyvoice3\.yaml\)"):
+        detect_family(d)
+
+
+def test_layout_check_names_the_cv3_files(cv3_tiny_dir: Path, tmp_path: Path) -> None:
+    from cosycompile.families.cosyvoice3.layout import check_frontend_models, check_model_dir
+
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    check_model_dir(d, STAGES)
+    check_frontend_models(d)
+    (d / "speech_tokenizer_v3.onnx").write_bytes(b"garbage")
+    with pytest.raises(ModelError, match=r"speech_tokenizer_v3\.onnx: not a valid ONNX model"):
+        check_frontend_models(d)
+    (d / "speech_tokenizer_v3.onnx").unlink()
+    with pytest.raises(ModelError, match=r"speech_tokenizer_v3\.onnx: missing \(speech tokenizer of the front end\)"):
+        check_model_dir(d, STAGES)
+    (d / "cosyvoice3.yaml").unlink()
+    with pytest.raises(ModelError, match=r"cosyvoice3\.yaml: missing .*not a CosyVoice3 model dir"):
+        check_model_dir(d, STAGES)
+
+
+def test_cli_build_on_a_bad_checkpoint_exits_2_naming_file_and_key(cv3_tiny_dir: Path, tmp_path: Path) -> None:
+    d = _copy(cv3_tiny_dir, tmp_path / "model")
+    key = KEYS["flow"]
+    _edit(d / "flow.pt", lambda sd: sd.__setitem__(key, torch.zeros(81)))
+    recipe = write_recipe(tmp_path / "cv3.yaml", f"extends: {REPO / 'recipes' / 'base.yaml'}\nname: cv3bad\n"
+                                                f"model: {d}\nvalidation:\n  eval_set: {EVAL_SET}\n  max_items: 1\n")
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"))
+    err = res.stderr.strip()
+    assert res.returncode == 2, f"exit {res.returncode}\n{res.stderr[-2000:]}"
+    assert "Traceback" not in res.stderr and len(err.splitlines()) == 1, err
+    assert f"{d / 'flow.pt'}: shape mismatch for 1 tensors, e.g. {key}" in err, err
