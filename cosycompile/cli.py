@@ -264,17 +264,19 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     from cosycompile.plan import executor, plan_build
     from cosycompile.cache.local import Store
     from cosycompile.core.graph import Reporter
+    from cosycompile.cache.remote import remote_from
     from cosycompile.recipe.schema import load_recipe
 
     t0 = time.perf_counter()
+    remote = remote_from(args.cache_remote)  # a mistyped URL is refused before any work
     recipe = load_recipe(args.recipe)
     until = getattr(args, "until", None)
     plan = plan_build(recipe, until=until)
     store = Store(args.artifacts)
     reporter = Reporter(quiet=args.quiet)
-    from cosycompile.cache.remote import remote_from
-
-    ex = executor(plan, store, reporter, force=args.force, remote=remote_from(args.cache_remote))
+    # `plan` never asks the remote: a lookup per missing step could wait on a silent server, and
+    # the plan is only a forecast (a build pulls whatever the remote holds when it runs).
+    ex = executor(plan, store, reporter, force=args.force, remote=remote if args.command == "build" else None)
     if args.command == "plan":
         items = ex.plan()
         w = max(len(i.step.name) for i in items)
@@ -288,6 +290,9 @@ def _build_or_plan(args: argparse.Namespace) -> int:
             state = "cached" if i.cached else "remote" if i.remote else "LEFT  " if i.left else "RUN   "
             why = "" if i.cached else f"  because: {i.reason}"
             print(f"  {state} {i.step.name:<{w}}  {i.key[:12]}  {i.step.describe}{why}")
+        if remote is not None and todo:
+            print(f"remote cache {remote.url}: not asked (plan makes no network call); a build pulls the steps "
+                  "it holds instead of running them")
         print(f"bundle: {bundle_dir(plan, store)}")
         return 0
     result = ex.run()
@@ -440,8 +445,9 @@ def _init_model(args: argparse.Namespace) -> int:
     except ModelError as exc:
         raise UserError(str(exc)) from None
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out}: output exists and is not an empty folder")
+    from cosycompile.commands._output import check_out_dir
+
+    check_out_dir(out, "--out", need_parent=False)
     family.hook("init_model")(args.spec, out, seed=args.seed)
     print(f"wrote {args.spec} (seed {args.seed}) to {out}")
     return 0

@@ -8,7 +8,15 @@ Layout under the remote URL (the layout of Bazel's remote cache and DVC)::
 URLs are whatever fsspec opens: ``s3://bucket/prefix`` (s3fs; credentials and the endpoint come
 from the usual AWS environment and config files: ``AWS_ACCESS_KEY_ID``, ``AWS_PROFILE``,
 ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` for an S3-compatible server), ``gs://...``,
-``file:///path`` or a plain path.
+``file:///path`` or an absolute path. A value is parsed before anything is opened
+(:func:`parse_url`): a mistyped URL (``s3:/team/cc``, ``s3://``, an unknown scheme) is an error,
+never a local folder of that name.
+
+Every network call has a deadline: each request has connect and read timeouts and few retries
+(botocore's config), and each remote operation (one lookup, the pull of one entry, the push of one
+entry) has a wall-clock budget, :data:`BUDGET_S` plus the time its bytes take at
+:data:`MIN_RATE`, enforced by cancelling the call. A server that accepts connections and never
+answers therefore costs one budget, and the executor drops the remote after its first failure.
 
 Write order keeps the remote consistent without locks: a push uploads every blob first and the
 action entry last, with a conditional create (``If-None-Match: *``) so the first writer of a key
@@ -23,26 +31,47 @@ Nothing here imports fsspec until a remote call is made: a fully cached build ne
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Iterator
 
 from cosycompile.cache.local import ENTRY_VERSION, Entry, Store
 from cosycompile.core.hashing import sha256_file
+from cosycompile.errors import UserError
 
 ENV_VAR = "COSYCOMPILE_CACHE_REMOTE"
 _SHA = re.compile(r"[0-9a-f]{64}")
+
+# Per request (botocore): a connection must open within CONNECT_TIMEOUT_S and every socket read must
+# return within READ_TIMEOUT_S; a stalled transfer is given up then, not after botocore's 60 s.
+CONNECT_TIMEOUT_S = 5
+READ_TIMEOUT_S = 15
+MAX_ATTEMPTS = 2
+# Per operation (wall clock): BUDGET_S for the requests themselves, plus the bytes it moves at
+# MIN_RATE, so a big blob on a slow link still gets through while a silent server costs BUDGET_S.
+BUDGET_S = 30.0
+MIN_RATE = 1 << 20  # bytes per second
+SCHEMES = ("s3", "s3a", "gs", "gcs", "file")  # what parse_url accepts before "://"
+_BUCKET = {"s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+           "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")}
+_URL_MAX = 1024
 # Fields of entry.json the local Store writes itself on commit.
 _STORE_FIELDS = ("version", "key", "created", "files")
 
 
 class RemoteError(Exception):
     """The remote cache could not be used (unreachable, refused, misconfigured)."""
+
+
+class RemoteURLError(UserError):
+    """A remote cache value that does not parse as a URL the remote tier can open (exit 2)."""
 
 
 class RemoteCorrupt(RemoteError):
@@ -64,19 +93,82 @@ class PushResult:
 
 def remote_from(url: str | None) -> "RemoteCache | None":
     """The remote named by ``url`` (``--cache-remote``), else by ``$COSYCOMPILE_CACHE_REMOTE``;
-    None when neither is set or the value is empty (an empty flag switches an env remote off)."""
+    None when neither is set or the value is empty (an empty flag switches an env remote off).
+    A value that is not a URL the remote tier can open is a :class:`RemoteURLError`."""
+    where = f"${ENV_VAR}" if url is None else "--cache-remote"
     value = os.environ.get(ENV_VAR, "") if url is None else url
-    return RemoteCache(value) if value.strip() else None
+    return RemoteCache(value, where=where) if value.strip() else None
+
+
+def parse_url(value: str, where: str = "remote cache URL") -> str:
+    """``value`` checked as a remote cache URL and returned without surrounding blanks or a trailing ``/``.
+
+    Accepted: ``s3://BUCKET[/PREFIX]`` (also ``s3a://``), ``gs://BUCKET[/PREFIX]`` (also
+    ``gcs://``), ``file:///ABSOLUTE/PATH`` and an absolute path. Anything else is refused with a
+    :class:`RemoteURLError` naming ``where``: fsspec would open ``s3:/team/cc`` or ``s3//b`` as a
+    relative local folder and report a push into it as a success.
+    """
+    text = value.strip()
+    shown = repr(text[:80] + ("..." if len(text) > 80 else ""))
+
+    def bad(why: str) -> RemoteURLError:
+        return RemoteURLError(f"{where} {shown}: {why}")
+
+    if not text:
+        raise bad("empty (give s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or file:///PATH)")
+    if len(text) > _URL_MAX:
+        raise bad(f"longer than {_URL_MAX} characters")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+        raise bad("holds a control character")
+    if "://" not in text:
+        if text.startswith("/"):
+            return _check_path(text.rstrip("/") or "/", bad)
+        scheme = text.split(":", 1)[0] if ":" in text else ""
+        if scheme.lower() == "file":
+            raise bad("not a URL: write file:///PATH (three slashes after the colon)")
+        if scheme.lower() in SCHEMES:
+            raise bad(f"not a URL: write {scheme}://BUCKET/PREFIX (two slashes after the colon)")
+        raise bad("not a URL: give s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///PATH or an absolute path "
+                  "(a relative path is refused: it would name a different folder in every working directory)")
+    scheme, rest = text.split("://", 1)
+    if scheme not in SCHEMES:
+        raise bad(f"unknown scheme '{scheme}' (known: {', '.join(s + '://' for s in SCHEMES)})")
+    if any(c in rest for c in "?#\\"):
+        raise bad("holds '?', '#' or '\\' (not part of a bucket or folder name)")
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise bad("a file URL needs an absolute path: file:///PATH (three slashes)")
+        _check_path(rest.rstrip("/") or "/", bad)
+        return f"file://{rest.rstrip('/') or '/'}"
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise bad(f"names no bucket: write {scheme}://BUCKET/PREFIX")
+    if not _BUCKET["gs" if scheme in ("gs", "gcs") else "s3"].fullmatch(bucket) or ".." in bucket:
+        raise bad(f"'{bucket}' is not a valid bucket name (3-63 lower-case letters, digits, '-' and '.')")
+    parts = prefix.rstrip("/").split("/") if prefix.rstrip("/") else []
+    if any(p in ("", ".", "..") for p in parts):
+        raise bad("the prefix has an empty, '.' or '..' part")
+    return f"{scheme}://{bucket}" + (f"/{'/'.join(parts)}" if parts else "")
+
+
+def _check_path(path: str, bad: Any) -> str:
+    """An absolute local path without ``.`` or ``..`` parts (a plain, predictable folder)."""
+    if any(p in (".", "..") for p in path.split("/")):
+        raise bad("the path has a '.' or '..' part")
+    return path
 
 
 class RemoteCache:
     """A shared cache tier over an fsspec filesystem (see the module docstring for the layout)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
-        self.url = url.strip().rstrip("/")
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, where: str = "remote cache URL",
+                 budget_s: float = BUDGET_S) -> None:
+        self.url = parse_url(url, where)
         self.storage_options = dict(storage_options or {})
+        self.budget_s = float(budget_s)
         self._fs: Any = None
         self._root = ""
+        self._deadline: float | None = None  # monotonic end of the operation under way, if any
 
     def __repr__(self) -> str:
         return f"RemoteCache({self.url!r})"
@@ -105,11 +197,12 @@ class RemoteCache:
     def _options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {"skip_instance_cache": True}
         if self.url.startswith(("s3://", "s3a://")):
-            # Fail fast when the server is down: the build goes on locally after one warning, so
-            # minutes of retries would only delay it. The AWS env settings still take precedence.
-            config: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 120}
+            # Fail fast when the server is down or silent: the build goes on locally after one
+            # warning, so minutes of retries would only delay it. The AWS env retry settings still
+            # take precedence; the operation's wall-clock budget (_call) bounds them all the same.
+            config: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S, "read_timeout": READ_TIMEOUT_S}
             if "AWS_MAX_ATTEMPTS" not in os.environ and "AWS_RETRY_MODE" not in os.environ:
-                config["retries"] = {"max_attempts": 3, "mode": "standard"}
+                config["retries"] = {"max_attempts": MAX_ATTEMPTS, "mode": "standard"}
             opts["config_kwargs"] = config
         opts.update(self.storage_options)
         return opts
@@ -127,12 +220,14 @@ class RemoteCache:
     # -- read ----------------------------------------------------------------------------
     def has(self, key: str) -> bool:
         """Whether the remote holds an action entry for ``key`` (its blobs are checked on pull)."""
-        return bool(self._call(self.fs.exists, self._ac(key)))
+        with self._operation():
+            return bool(self._call(self.fs.exists, self._ac(key)))
 
     def read_entry(self, key: str) -> dict[str, Any] | None:
         """The action entry of ``key``, checked for shape, or None if the remote has none."""
         try:
-            raw = self._call(self.fs.cat_file, self._ac(key))
+            with self._operation():
+                raw = self._call(self.fs.cat_file, self._ac(key))
         except FileNotFoundError:
             return None
         try:
@@ -150,9 +245,15 @@ class RemoteCache:
         the remote (its content is not what its name says, so no entry can need it), which lets the
         next push of the key upload it again.
         """
-        body = self.read_entry(key)
-        if body is None:
-            return None
+        with self._operation():
+            body = self.read_entry(key)
+            if body is None:
+                return None
+            self._extend(sum(size for size, _ in body["files"].values()))
+            return self._download(store, key, body)
+
+    def _download(self, store: Store, key: str, body: dict[str, Any]) -> Entry:
+        """Fetch and verify the blobs of ``body`` into a staging dir and commit it (see :meth:`pull`)."""
         with store.staging(key) as stage:
             data = stage / "data"
             for rel, (size, sha) in sorted(body["files"].items()):
@@ -185,8 +286,13 @@ class RemoteCache:
         Blobs go first, so an action entry never names a blob that is not there; a push cut off
         half-way leaves only blobs, which a later push reuses.
         """
-        res = PushResult(entry.key)
         files: dict[str, list[Any]] = entry.meta["files"]
+        with self._operation(sum(size for size, _ in files.values())):
+            return self._upload(entry, files)
+
+    def _upload(self, entry: Entry, files: dict[str, list[Any]]) -> PushResult:
+        """Upload the missing blobs of ``entry``, then create its action entry (see :meth:`push`)."""
+        res = PushResult(entry.key)
         for rel, (size, sha) in sorted(files.items()):
             if self._blob_size(sha) == size:
                 res.present += 1
@@ -237,13 +343,52 @@ class RemoteCache:
             raise
         return True
 
+    # -- deadlines -----------------------------------------------------------------------
+    @contextmanager
+    def _operation(self, nbytes: int = 0) -> Iterator[None]:
+        """Give the remote operation started here a wall-clock budget of ``budget_s`` plus ``nbytes``
+        at :data:`MIN_RATE`; an operation nested in another one shares the outer budget."""
+        if self._deadline is not None:
+            self._extend(nbytes)
+            yield
+            return
+        self._started = time.monotonic()
+        self._deadline = self._started + self.budget_s + nbytes / MIN_RATE
+        try:
+            yield
+        finally:
+            self._deadline = None
+
+    def _extend(self, nbytes: int) -> None:
+        """Add the time ``nbytes`` take at :data:`MIN_RATE` to the operation under way."""
+        if self._deadline is not None:
+            self._deadline += max(nbytes, 0) / MIN_RATE
+
+    def _timed_out(self) -> RemoteError:
+        spent = time.monotonic() - getattr(self, "_started", time.monotonic())
+        return RemoteError(f"no answer within {spent:.0f} s (the deadline of one remote operation: "
+                           f"{self.budget_s:.0f} s plus 1 s per MiB moved)")
+
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run one filesystem call; a missing file stays FileNotFoundError, an existing one stays
-        as raised (for :meth:`_create`), anything else is a :class:`RemoteError`."""
+        """Run one filesystem call within the operation's deadline; a missing file stays
+        FileNotFoundError, an existing one stays as raised (for :meth:`_create`), a call past the
+        deadline and anything else is a :class:`RemoteError`.
+
+        An async filesystem (s3fs, gcsfs) gets the time left as fsspec's ``timeout``, which cancels
+        the request and its retries when it runs out; a local one cannot hang on the network.
+        """
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise self._timed_out()
+            if getattr(self._fs, "async_impl", False):
+                kwargs["timeout"] = max(left, 0.05)  # fsspec reads 0 as "no timeout"
         try:
             return fn(*args, **kwargs)
         except FileNotFoundError:
             raise
+        except (TimeoutError, asyncio.TimeoutError):  # fsspec's FSTimeoutError is one
+            raise self._timed_out() from None
         except Exception as exc:
             if _already_exists(exc):
                 raise

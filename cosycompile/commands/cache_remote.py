@@ -64,8 +64,8 @@ def push(store: Store, remote: RemoteCache, keys: dict[str, str]) -> int:
         try:
             res = remote.push(store, entry)
         except RemoteError as exc:
-            print(f"cosycompile: error: remote cache {remote.url}: push of {name} failed ({exc})", file=sys.stderr)
-            return 1
+            # One line, exit 2: the remote is unusable (down, silent, refused), not a step that failed.
+            raise UserError(f"remote cache {remote.url}: push of {name} failed ({exc})") from None
         published += res.published
         existing += not res.published
         blobs += res.uploaded
@@ -96,8 +96,7 @@ def pull(store: Store, remote: RemoteCache, keys: dict[str, str]) -> int:
                 absent.append(name)
                 continue
             except RemoteError as exc:
-                print(f"cosycompile: error: remote cache {remote.url}: pull of {name} failed ({exc})", file=sys.stderr)
-                return 1
+                raise UserError(f"remote cache {remote.url}: pull of {name} failed ({exc})") from None
         if entry is None:
             absent.append(name)
         else:

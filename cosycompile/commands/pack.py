@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from cosycompile.commands._bundle import MANIFEST, read_manifest
+from cosycompile.commands._output import check_out_file
 from cosycompile.errors import UserError
 
 
@@ -91,6 +92,7 @@ def pack(bundle: Path, out: Path) -> dict[str, Any]:
                                             f"since the build); refusing to pack; rebuild with: cosycompile build "
                                             f"{manifest.get('recipe_source') or '<recipe>'}")
                         total += info.size
+        check_out_file(out, "-o", "give the archive's file name, e.g. bundle.tar.gz")  # again: packing takes a while
         os.replace(tmp, out)
     except OSError as exc:
         # tarfile raises OSError("unexpected end of data") when a file shrinks while it is read.
@@ -114,10 +116,7 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     if not bundle.is_dir():
         raise UserError(f"{bundle}: not a bundle folder")
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: its folder does not exist")
-    if out.is_dir():
-        raise UserError(f"{out}: is a folder; give the archive's file name (e.g. bundle.tar.gz)")
+    check_out_file(out, "-o", "give the archive's file name, e.g. bundle.tar.gz")
     if out.resolve().is_relative_to(bundle.resolve()):
         raise UserError(f"{out}: inside the bundle being packed; write the archive elsewhere")
     stats = pack(bundle, out)

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 from cosycompile.commands._bundle import MANIFEST, read_manifest
+from cosycompile.commands._output import check_out_file
+from cosycompile.core.atomic import write_atomic
 from cosycompile.errors import UserError
 from cosycompile.runtime.text import DEFAULT_MAX_CHARS, split_text, text_weight  # noqa: F401 - re-exported
 
@@ -167,10 +167,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt_text is not None and args.prompt_wav is None:
         raise UserError("--prompt-text needs --prompt-wav (the prompt's text is what its audio says)")
     out: Path = args.out
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: its folder does not exist")
-    if out.is_dir():
-        raise UserError(f"{out}: is a folder; give the wav file's name")
+    check_out_file(out, "--out", "give the wav file's name")
     bundle: Path = args.bundle
     _bundle_parts(bundle)  # layout errors before the text is split or the engines load
     pieces = split_text(text, args.max_chars)
@@ -204,15 +201,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_wav(path: Path, wav: Any) -> None:
-    """24 kHz mono PCM16, written next to ``path`` and renamed into place (no half-written file)."""
+    """24 kHz mono PCM16, encoded in memory, then written next to ``path`` and renamed into place (no
+    half-written file). The target is checked again first: synthesis takes long enough for a plain
+    file to have been swapped for a device or a FIFO meanwhile."""
+    import io
+
     import numpy as np
     import soundfile as sf
 
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.wav"
+    buf = io.BytesIO()
     try:
-        sf.write(str(tmp), np.asarray(wav, np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV")
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as exc:  # soundfile reports write errors as LibsndfileError (a RuntimeError)
-        raise UserError(f"{path}: cannot write ({getattr(exc, 'strerror', None) or exc})") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+        sf.write(buf, np.asarray(wav, np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    except RuntimeError as exc:  # soundfile reports encoding errors as LibsndfileError (a RuntimeError)
+        raise UserError(f"{path}: cannot encode the wav ({exc})") from None
+    check_out_file(path, "--out", "give the wav file's name")
+    try:
+        write_atomic(path, buf.getvalue())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot write ({exc.strerror or exc})") from None

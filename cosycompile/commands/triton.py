@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cosycompile.commands._output import check_out_dir
 from cosycompile.errors import UserError
 
 
@@ -29,12 +30,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--llm-url {args.llm_url}: give the trtllm-serve address as http://HOST:PORT")
     if not bundle.is_dir():
         raise UserError(f"{bundle}: not a bundle folder")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"{out}: output exists and is not an empty folder")
+    check_out_dir(out, "--out")
     if out.resolve().is_relative_to(bundle.resolve()):
         raise UserError(f"{out}: inside the bundle {bundle} (its manifest lists every file); write it elsewhere")
-    if not out.parent.is_dir():
-        raise UserError(f"{out}: its parent folder does not exist")
     options = RepoOptions(instances=args.instances, threads=args.threads, max_chars=args.max_chars,
                           llm_url=args.llm_url)
     write_repository(bundle, out, options)
