@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -83,6 +83,14 @@ def check_strict(path: Path, stage: str, build: Callable[[], nn.Module], normali
     match_state(path, stage, net.state_dict(), normalize(sd) if normalize is not None and isinstance(sd, dict) else sd)
 
 
+def check_family_checkpoint(model_dir: Path, stage: str, read_config: Callable[[Path], Any],
+                            builders: Mapping[str, Callable[[Any], nn.Module]], normalize: Mapping[str, Normalize]) -> None:
+    """A family's ``check_checkpoint``: its config read safely, then :func:`check_strict` of ``<stage>.pt``."""
+    model_dir = Path(model_dir)
+    cfg = read_config(model_dir)
+    check_strict(model_dir / f"{stage}.pt", stage, lambda: builders[stage](cfg), normalize.get(stage))
+
+
 def load_strict(path: Path, stage: str, net: nn.Module, normalize: Normalize | None = None) -> nn.Module:
     """``net`` with the state dict of ``path`` loaded strictly (``weights_only``), float32, eval mode."""
     sd = load_state(path)
@@ -111,14 +119,33 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_builtin(spec: str, init_model: Callable[[str, Path], Path], load: Callable[[Path, tuple[str, ...]], Any],
-                 stages: tuple[str, ...]) -> Any:
-    """Load ``builtin:<name>`` exactly like a real checkpoint: written to a temporary model dir by the
-    family's ``init_model``, then read by its loader (the result's ``model_dir`` is None: the dir is gone)."""
-    with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
-        loaded = load(init_model(spec, Path(tmp) / "model"), stages)
-    loaded.model_dir = None
-    return loaded
+def load_family_models(model_dir: Path | str, stages: Iterable[str], read_config: Callable[[Path], Any],
+                       builders: Mapping[str, Callable[[Any], nn.Module]], normalize: Mapping[str, Normalize],
+                       loaded: Callable[..., Any], init_model: Callable[[str, Path], Path]) -> Any:
+    """A family's ``load_models``: the networks of ``stages`` from a model dir, float32, eval mode, strictly loaded.
+
+    The config is read with ``read_config`` (safely), each network built by ``builders[stage](config)``
+    and its ``<stage>.pt`` loaded with :func:`load_strict`; the result is ``loaded(config,
+    model_dir=...)`` with one attribute per stage. ``builtin:<name>`` is first written to a temporary
+    dir by the family's ``init_model`` and loaded from there, exactly like a real checkpoint (its
+    ``model_dir`` is then None: the dir is gone).
+    """
+    if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
+        with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
+            out = load_family_models(init_model(model_dir, Path(tmp) / "model"), stages, read_config, builders,
+                                     normalize, loaded, init_model)
+        out.model_dir = None
+        return out
+    model_dir = Path(model_dir)
+    stages = tuple(stages)
+    unknown = [s for s in stages if s not in builders]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(builders)}")
+    cfg = read_config(model_dir)
+    out = loaded(cfg, model_dir=model_dir)
+    for stage in stages:
+        setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, builders[stage](cfg), normalize.get(stage)))
+    return out
 
 
 def init_weights(net: nn.Module, std: float = 0.02) -> None:

@@ -302,3 +302,105 @@ def qwen2_fields(path: Path, family: str = "CosyVoice2") -> dict[str, Any]:
         max_position_embeddings=sec.get("max_position_embeddings", int, 32768),
         tie_word_embeddings=sec.get("tie_word_embeddings", bool, True),
     )
+
+
+# -- writing: the sections every generation's yaml spells alike ------------------------------------
+# Built-in models are written in upstream's own style, so they go through the same reader as a real
+# model dir. Each function returns whole lines (ending in a newline); a family composes them with its
+# own sections (CosyVoice2's conformer and UNet, CosyVoice3's pre-look-ahead layer and DiT).
+
+def header_yaml(family: str, sample_rate: int, hidden_size: int, spk_embed_dim: int, token_frame_rate: int,
+                token_mel_ratio: int, chunk_size: int, num_decoding_left_chunks: int = -1) -> str:
+    """The top-level constants the model sections refer to with ``!ref``."""
+    return f"""# {family} model config written by cosycompile (hyperpyyaml style, as upstream).
+sample_rate: {sample_rate}
+llm_input_size: {hidden_size}
+llm_output_size: {hidden_size}
+spk_embed_dim: {spk_embed_dim}
+qwen_pretrain_path: ''
+token_frame_rate: {token_frame_rate}
+token_mel_ratio: {token_mel_ratio}
+chunk_size: {chunk_size}
+num_decoding_left_chunks: {num_decoding_left_chunks}
+"""
+
+
+def llm_yaml(lm_class: str, speech_token_size: int, top_p: float = 0.8, top_k: int = 25, win_size: int = 10,
+             tau_r: float = 0.1) -> str:
+    """The ``llm`` section: ``lm_class`` over a Qwen2Encoder, with its ras_sampling settings."""
+    return f"""llm: !new:cosyvoice.llm.llm.{lm_class}
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: {speech_token_size}
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: {top_p}
+        top_k: {top_k}
+        win_size: {win_size}
+        tau_r: {tau_r}
+"""
+
+
+def flow_head_yaml(flow_class: str, input_size: int, output_size: int, vocab_size: int, pre_lookahead_len: int) -> str:
+    """The first lines of the ``flow`` section (the family's encoder or look-ahead layer follows)."""
+    return f"""flow: !new:cosyvoice.flow.flow.{flow_class}
+    input_size: {input_size}
+    output_size: {output_size}
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: {vocab_size}
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: {pre_lookahead_len}
+"""
+
+
+def cfm_head_yaml(spk_emb_dim: int, inference_cfg_rate: float) -> str:
+    """``flow.decoder``: the CausalConditionalCFM and its Euler / cosine settings (its estimator follows)."""
+    return f"""    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: {spk_emb_dim}
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: {inference_cfg_rate}
+                reg_loss_type: 'l1'
+"""
+
+
+def hift_yaml(h: Any, generator: str, f0_class: str, extra: str = "") -> str:
+    """The ``hift`` section of a HiFT config ``h`` (the fields :func:`hift_fields` reads); ``extra`` lines
+    (indented by four) go before the F0 predictor."""
+    return f"""hift: !new:cosyvoice.hifigan.generator.{generator}
+    in_channels: {h.in_channels}
+    base_channels: {h.base_channels}
+    nb_harmonics: {h.nb_harmonics}
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: {h.nsf_alpha}
+    nsf_sigma: {h.nsf_sigma}
+    nsf_voiced_threshold: {h.nsf_voiced_threshold:g}
+    upsample_rates: {list(h.upsample_rates)}
+    upsample_kernel_sizes: {list(h.upsample_kernel_sizes)}
+    istft_params:
+        n_fft: {h.istft_n_fft}
+        hop_len: {h.istft_hop_len}
+    resblock_kernel_sizes: {list(h.resblock_kernel_sizes)}
+    resblock_dilation_sizes: {[list(d) for d in h.resblock_dilation_sizes]}
+    source_resblock_kernel_sizes: {list(h.source_resblock_kernel_sizes)}
+    source_resblock_dilation_sizes: {[list(d) for d in h.source_resblock_dilation_sizes]}
+    lrelu_slope: {h.lrelu_slope}
+    audio_limit: {h.audio_limit}
+{extra}    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.{f0_class}
+        num_class: 1
+        in_channels: {h.in_channels}
+        cond_channels: {h.f0_cond_channels}
+"""

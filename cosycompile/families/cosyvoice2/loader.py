@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (check_strict, init_weights, load_builtin, load_strict, normalize_hift_keys,
-                                              staged_dir,
-                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
-                                              write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (check_family_checkpoint, init_weights, load_family_models, normalize_hift_keys,
+                                              staged_dir, voice_f0_predictor, write_builtin_marker,
+                                              write_frontend_standins, write_qwen_config, write_seeded_checkpoints)
 from . import CONFIG_FILE, PLUGIN, QWEN_DIR
 from .config import PRESETS, ModelConfig
+from cosycompile.families.hyperyaml import cfm_head_yaml, flow_head_yaml, header_yaml, hift_yaml, llm_yaml
 from .yaml_safe import read_model_config
 
 MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
@@ -78,9 +78,7 @@ def check_checkpoint(model_dir: Path, stage: str) -> None:
     The network is built on the meta device and the checkpoint memory-mapped, so this costs
     seconds even for the 0.5B LLM; a bad file is reported before any build step runs.
     """
-    model_dir = Path(model_dir)
-    cfg = read_model_config(model_dir)
-    check_strict(model_dir / f"{stage}.pt", stage, lambda: BUILDERS[stage](cfg), NORMALIZE.get(stage))
+    check_family_checkpoint(model_dir, stage, read_model_config, BUILDERS, NORMALIZE)
 
 
 def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
@@ -89,62 +87,20 @@ def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "
     ``model_dir`` may also be a ``builtin:<name>`` spec: it is written to a temporary dir with
     :func:`init_model` first and loaded from there, exactly like a real checkpoint.
     """
-    if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
-        return load_builtin(model_dir, init_model, load_models, tuple(stages))
-    model_dir = Path(model_dir)
-    stages = tuple(stages)
-    unknown = [s for s in stages if s not in BUILDERS]
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(BUILDERS)}")
-    cfg = read_model_config(model_dir)
-    out = LoadedModels(cfg, model_dir=model_dir)
-    for stage in stages:
-        setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, BUILDERS[stage](cfg), NORMALIZE.get(stage)))
-    return out
+    return load_family_models(model_dir, stages, read_model_config, BUILDERS, NORMALIZE, LoadedModels, init_model)
 
 
 # -- built-in models ---------------------------------------------------------------------------
 
 def _yaml_text(cfg: ModelConfig) -> str:
     """cosyvoice2.yaml in upstream's hyperpyyaml style (tags included, never executed by us)."""
-    f, h = cfg.flow, cfg.hift
-    return f"""# CosyVoice2 model config written by cosycompile (hyperpyyaml style, as upstream).
-sample_rate: {cfg.sample_rate}
-llm_input_size: {cfg.llm.hidden_size}
-llm_output_size: {cfg.llm.hidden_size}
-spk_embed_dim: {f.spk_embed_dim}
-qwen_pretrain_path: ''
-token_frame_rate: {cfg.token_frame_rate}
-token_mel_ratio: {cfg.token_mel_ratio}
-chunk_size: {cfg.chunk_size}
-num_decoding_left_chunks: -1
-
-llm: !new:cosyvoice.llm.llm.Qwen2LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {cfg.speech_token_size}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: 0.8
-        top_k: 25
-        win_size: 10
-        tau_r: 0.1
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
-    input_size: {f.input_size}
-    output_size: {f.output_size}
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {f.vocab_size}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: {f.pre_lookahead_len}
-    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+    f = cfg.flow
+    return "\n".join([
+        header_yaml("CosyVoice2", cfg.sample_rate, cfg.llm.hidden_size, f.spk_embed_dim, cfg.token_frame_rate,
+                    cfg.token_mel_ratio, cfg.chunk_size),
+        llm_yaml("Qwen2LM", cfg.speech_token_size),
+        flow_head_yaml("CausalMaskedDiffWithXvec", f.input_size, f.output_size, f.vocab_size, f.pre_lookahead_len)
+        + f"""    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: {f.encoder_size}
         attention_heads: {f.attention_heads}
         linear_units: {f.linear_units}
@@ -161,19 +117,8 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: {f.output_size}
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: {f.inference_cfg_rate}
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+""" + cfm_head_yaml(f.output_size, f.inference_cfg_rate)
+        + f"""        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: {f.estimator_in_channels}
             out_channels: {f.output_size}
             channels: {list(f.channels)}
@@ -185,31 +130,9 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithXvec
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-
-hift: !new:cosyvoice.hifigan.generator.HiFTGenerator
-    in_channels: {h.in_channels}
-    base_channels: {h.base_channels}
-    nb_harmonics: {h.nb_harmonics}
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: {h.nsf_alpha}
-    nsf_sigma: {h.nsf_sigma}
-    nsf_voiced_threshold: {h.nsf_voiced_threshold:g}
-    upsample_rates: {list(h.upsample_rates)}
-    upsample_kernel_sizes: {list(h.upsample_kernel_sizes)}
-    istft_params:
-        n_fft: {h.istft_n_fft}
-        hop_len: {h.istft_hop_len}
-    resblock_kernel_sizes: {list(h.resblock_kernel_sizes)}
-    resblock_dilation_sizes: {[list(d) for d in h.resblock_dilation_sizes]}
-    source_resblock_kernel_sizes: {list(h.source_resblock_kernel_sizes)}
-    source_resblock_dilation_sizes: {[list(d) for d in h.source_resblock_dilation_sizes]}
-    lrelu_slope: {h.lrelu_slope}
-    audio_limit: {h.audio_limit}
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.ConvRNNF0Predictor
-        num_class: 1
-        in_channels: {h.in_channels}
-        cond_channels: {h.f0_cond_channels}
-"""
+""",
+        hift_yaml(cfg.hift, "HiFTGenerator", "ConvRNNF0Predictor"),
+    ])
 
 
 # builtin:tiny-snake is builtin:tiny (same config, same seeded weights) with 4 Snake alphas of one HiFT

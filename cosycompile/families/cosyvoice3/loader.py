@@ -14,11 +14,12 @@ from typing import Any, Iterable
 from torch import nn
 
 from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (check_strict, init_weights, load_builtin, load_strict, normalize_hift_keys,
+from cosycompile.families.checkpoints import (check_family_checkpoint, init_weights, load_family_models, normalize_hift_keys,
                                               staged_dir, voice_f0_predictor, write_builtin_marker,
                                               write_frontend_standins, write_qwen_config, write_seeded_checkpoints)
 from . import CONFIG_FILE, QWEN_DIR, SPEECH_TOKENIZER
 from .config import CosyVoice3Config, cv3_0_5b, cv3_tiny
+from cosycompile.families.hyperyaml import cfm_head_yaml, flow_head_yaml, header_yaml, hift_yaml, llm_yaml
 from .yaml_read import read_model_config
 
 MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
@@ -68,95 +69,36 @@ NORMALIZE = {"hift": normalize_hift_keys}
 def check_checkpoint(model_dir: Path, stage: str) -> None:
     """Cheap pre-flight check of one stage's checkpoint: readable, keys and shapes those of the network
     (built on the meta device, the file memory-mapped)."""
-    model_dir = Path(model_dir)
-    cfg = read_model_config(model_dir)
-    check_strict(model_dir / f"{stage}.pt", stage, lambda: BUILDERS[stage](cfg), NORMALIZE.get(stage))
+    check_family_checkpoint(model_dir, stage, read_model_config, BUILDERS, NORMALIZE)
 
 
 def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
-    """Networks of ``stages`` from a model dir, in eval mode, float32, strictly loaded.
-
-    ``model_dir`` may also be a ``builtin:<name>`` spec: it is written to a temporary dir with
-    :func:`init_model` first and loaded from there, exactly like a real checkpoint. A missing, extra
-    or mis-shaped key is a one-line :class:`ModelError` naming the file and the key.
-    """
-    if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
-        return load_builtin(model_dir, init_model, load_models, tuple(stages))
-    model_dir = Path(model_dir)
-    stages = tuple(stages)
-    unknown = [s for s in stages if s not in BUILDERS]
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(BUILDERS)}")
-    cfg = read_model_config(model_dir)
-    out = LoadedModels(cfg, model_dir=model_dir)
-    for stage in stages:
-        setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, BUILDERS[stage](cfg), NORMALIZE.get(stage)))
-    return out
+    """CosyVoice3's networks of ``stages`` (float32, eval mode) from a model dir or ``builtin:<name>``
+    (written by :func:`init_model`, then loaded the same way). A missing, extra or mis-shaped key is a
+    one-line :class:`ModelError` naming the file and the key."""
+    return load_family_models(model_dir, stages, read_model_config, BUILDERS, NORMALIZE, LoadedModels, init_model)
 
 
 # -- built-in models ---------------------------------------------------------------------------
 
 def _yaml_text(cfg: CosyVoice3Config) -> str:
     """cosyvoice3.yaml in upstream's hyperpyyaml style (tags included, never executed by us)."""
-    f, d, h, lm = cfg.flow, cfg.flow.estimator, cfg.hift, cfg.lm
+    f, d, lm = cfg.flow, cfg.flow.estimator, cfg.lm
     ratio = f.token_mel_ratio
     # Upstream spells the DiT's chunk as chunk_size (tokens) * token_mel_ratio.
     chunk = d.static_chunk_size // ratio if d.static_chunk_size % ratio == 0 else None
     static_chunk = "!ref <chunk_size> * <token_mel_ratio>" if chunk is not None else str(d.static_chunk_size)
-    return f"""# CosyVoice3 model config written by cosycompile (hyperpyyaml style, as upstream's).
-__set_seed1: !apply:random.seed [1986]
-sample_rate: {cfg.sample_rate}
-llm_input_size: {lm.hidden_size}
-llm_output_size: {lm.hidden_size}
-spk_embed_dim: {f.spk_embed_dim}
-qwen_pretrain_path: ''
-token_frame_rate: {cfg.token_frame_rate}
-token_mel_ratio: {ratio}
-chunk_size: {chunk if chunk is not None else 25}
-num_decoding_left_chunks: {d.num_decoding_left_chunks}
-
-llm: !new:cosyvoice.llm.llm.CosyVoice3LM
-    llm_input_size: !ref <llm_input_size>
-    llm_output_size: !ref <llm_output_size>
-    speech_token_size: {lm.speech_token_size}
-    length_normalized_loss: True
-    lsm_weight: 0
-    mix_ratio: [5, 15]
-    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
-        pretrain_path: !ref <qwen_pretrain_path>
-    sampling: !name:cosyvoice.utils.common.ras_sampling
-        top_p: {lm.sampling.top_p}
-        top_k: {lm.sampling.top_k}
-        win_size: {lm.sampling.win_size}
-        tau_r: {lm.sampling.tau_r}
-
-flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
-    input_size: {f.input_size}
-    output_size: {f.output_size}
-    spk_embed_dim: !ref <spk_embed_dim>
-    output_type: 'mel'
-    vocab_size: {f.vocab_size}
-    input_frame_rate: !ref <token_frame_rate>
-    only_mask_loss: True
-    token_mel_ratio: !ref <token_mel_ratio>
-    pre_lookahead_len: {f.pre_lookahead_len}
-    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+    s = lm.sampling
+    return "\n".join([
+        header_yaml("CosyVoice3", cfg.sample_rate, lm.hidden_size, f.spk_embed_dim, cfg.token_frame_rate, ratio,
+                    chunk if chunk is not None else 25, d.num_decoding_left_chunks),
+        llm_yaml("CosyVoice3LM", lm.speech_token_size, s.top_p, s.top_k, s.win_size, s.tau_r),
+        flow_head_yaml("CausalMaskedDiffWithDiT", f.input_size, f.output_size, f.vocab_size, f.pre_lookahead_len)
+        + f"""    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
         in_channels: {f.input_size}
         channels: {f.pre_lookahead_channels}
         pre_lookahead_len: {f.pre_lookahead_len}
-    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: {f.output_size}
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: {f.sigma_min:g}
-                solver: 'euler'
-                t_scheduler: '{f.t_scheduler}'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: {f.inference_cfg_rate}
-                reg_loss_type: 'l1'
-        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+""" + cfm_head_yaml(f.output_size, f.inference_cfg_rate) + f"""        estimator: !new:cosyvoice.flow.DiT.dit.DiT
             dim: {d.dim}
             depth: {d.depth}
             heads: {d.heads}
@@ -168,32 +110,10 @@ flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
             out_channels: {d.out_channels}
             static_chunk_size: {static_chunk}
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-
-hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
-    in_channels: {h.in_channels}
-    base_channels: {h.base_channels}
-    nb_harmonics: {h.nb_harmonics}
-    sampling_rate: !ref <sample_rate>
-    nsf_alpha: {h.nsf_alpha}
-    nsf_sigma: {h.nsf_sigma}
-    nsf_voiced_threshold: {h.nsf_voiced_threshold:g}
-    upsample_rates: {list(h.upsample_rates)}
-    upsample_kernel_sizes: {list(h.upsample_kernel_sizes)}
-    istft_params:
-        n_fft: {h.istft_n_fft}
-        hop_len: {h.istft_hop_len}
-    resblock_kernel_sizes: {list(h.resblock_kernel_sizes)}
-    resblock_dilation_sizes: {[list(x) for x in h.resblock_dilation_sizes]}
-    source_resblock_kernel_sizes: {list(h.source_resblock_kernel_sizes)}
-    source_resblock_dilation_sizes: {[list(x) for x in h.source_resblock_dilation_sizes]}
-    lrelu_slope: {h.lrelu_slope}
-    audio_limit: {h.audio_limit}
-    conv_pre_look_right: {h.conv_pre_look_right}
-    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
-        num_class: {h.f0_num_class}
-        in_channels: {h.in_channels}
-        cond_channels: {h.f0_cond_channels}
-"""
+""",
+        hift_yaml(cfg.hift, "CausalHiFTGenerator", "CausalConvRNNF0Predictor",
+                  f"    conv_pre_look_right: {cfg.hift.conv_pre_look_right}\n"),
+    ])
 
 
 def _prepare(stage: str, net: nn.Module) -> None:

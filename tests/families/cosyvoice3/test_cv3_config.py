@@ -17,15 +17,8 @@ from cosycompile.families.cosyvoice3.yaml_read import read_model_config
 # examples/libritts/cosyvoice3/conf/cosyvoice3.yaml at FunAudioLLM/CosyVoice ace7c47 (see SOURCE.txt there).
 UPSTREAM_YAML = Path(__file__).resolve().parents[2] / "data" / "cv3_upstream" / "cosyvoice3.yaml"
 
-# Qwen2-0.5B's config.json (the body of Fun-CosyVoice3-0.5B's CosyVoice-BlankEN).
-QWEN2_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
-    "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
-    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
-    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
-}
+# Qwen2-0.5B's config.json, the body of Fun-CosyVoice3-0.5B's CosyVoice-BlankEN.
+QWEN2_05B = json.loads((UPSTREAM_YAML.parent / "qwen2_0_5b_config.json").read_text())
 
 
 def _model_dir(root: Path, yaml_text: str | None = None) -> Path:
