@@ -111,7 +111,7 @@ def wrap_layers(estimator: nn.Module) -> dict[str, QuantLayer]:
 
 
 def role(path: str) -> str:
-    """The layer's job in the estimator, for grouping (names follow models/flow_decoder.py)."""
+    """The layer's job in the estimator, for grouping (names follow families/cosyvoice2/flow_decoder.py)."""
     rules = (("attn1.to_q", "attention q/k/v"), ("attn1.to_k", "attention q/k/v"), ("attn1.to_v", "attention q/k/v"),
              ("attn1.to_out", "attention output"), ("ff.net.0", "feed-forward in (GELU)"),
              ("ff.net.2", "feed-forward out"), ("mlp", "resnet time MLP"), ("res_conv", "resnet 1x1 skip conv"),

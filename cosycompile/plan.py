@@ -306,9 +306,8 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
 def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, ...],
                     family_code: tuple[str, ...]) -> Step | None:
     """One reference run over the calibration set recording every stage's real inputs (if any stage needs it)."""
-    stages = [s for s in recipe.enabled_stages()
-              if (q := recipe.typed(s)["quantizer"]) is not None and q.needs_calibration(recipe.typed(s)["quantize"].format)]
-    if not stages:
+    if not any((q := recipe.typed(s)["quantizer"]) is not None and q.needs_calibration(recipe.typed(s)["quantize"].format)
+               for s in recipe.enabled_stages()):
         return None
     cal = recipe.calibration
     calib_set = load_dataset(recipe.resolve_path(cal.set), what="calibration set")
@@ -319,7 +318,10 @@ def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, .
     step = Step(
         name="calibrate", kind="calibrate", run=lazy("cosycompile.quantize.calibrate:run"),
         code=tuple(m for s in stage_infos().values() for m in _module_roots(s, "modules")) + family_code,
-        params={"calibration": cal.model_dump(exclude={"set"}), "stages": stages, "family": model.family.name},
+        # Which stages this recipe quantizes is not a parameter: the step runs the whole reference
+        # pipeline and keeps every stage's records either way, so recipes that calibrate different
+        # stages of the same model on the same items share one entry.
+        params={"calibration": cal.model_dump(exclude={"set"}), "family": model.family.name},
         tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
     )
     model.attach(step, model_files)

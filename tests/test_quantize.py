@@ -122,6 +122,18 @@ def test_changing_only_the_calibration_set_reruns_calibration_and_downstream(cpu
                      "flow.check", "pipeline.check"}, status
 
 
+def test_a_recipe_that_calibrates_fewer_stages_reuses_the_calibration(cpu_int8: dict) -> None:
+    """cpu-fast quantizes only the LLM with calibration (its flow is ONNX Runtime's dynamic INT8),
+    cpu-int8 the LLM and the flow: on the same model and items they share one calibrate entry."""
+    assert cpu_int8["res"].returncode == 0
+    res = run_cli("plan", str(_small(cpu_int8["tmp"], "cpu-fast")), "--artifacts", str(cpu_int8["art"]))
+    assert res.returncode == 0, res.stderr
+    status = {ln.split()[1]: ln.split()[0] for ln in res.stdout.splitlines() if ln.startswith("  ")}
+    assert "calibrate" in status and status["calibrate"] != "RUN", status
+    # The LLM's quantization reads the same records and options in both recipes.
+    assert status["llm.quantize"] != "RUN", status
+
+
 def _bad(tmp: Path, extra: str) -> tuple[int, str, Path]:
     recipe = write_recipe(tmp / "bad.yaml", f"extends: {REPO / 'recipes' / 'cpu-int8.yaml'}\nname: bad\n" + extra)
     art = tmp / "art"

@@ -1,5 +1,7 @@
 """Calibration by recording the reference: run the FP32 pipeline over the calibration set and keep
 every stage's real inputs. Quantizers read these records; nothing calibrates on random tensors.
+Every stage's records are kept whichever stages a recipe quantizes (the pipeline runs whole anyway),
+so one entry serves every recipe of the same model, items and sampling.
 
 Output (the step's data dir)::
 
@@ -91,12 +93,9 @@ def run(ctx: StepContext) -> dict[str, Any]:
         "flow_estimator": _spread(est.records, p["max_estimator_calls"]),
         "hift": voc.records,
     }
-    from cosycompile.stages import get_stage
-
-    wanted = {g.name for s in ctx.params["stages"] for g in get_stage(s).graphs}
     index = {}
     for graph, recs in records.items():
-        if graph in wanted and recs:
+        if recs:
             save_records(ctx.out / f"{graph}.npz", recs)
             index[graph] = len(recs)
     (ctx.out / INDEX).write_text(json.dumps({"graphs": index, "items": [i.id for i in items]}, indent=1))
