@@ -46,6 +46,9 @@ class FamilyInfo:
     check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight
     check_model_dir: str = ".layout:check_model_dir"  # (root, stages): files present and readable, at plan time
     check_frontend: str = ".layout:check_frontend_models"  # (root): the front end's models parse, pre-flight
+    # Why the build graph cannot yet run this family's reference, exports and checks ("" when it can):
+    # such a model is still checked file by file, then refused in one line before any work.
+    unfinished: str = ""
     name: str = ""
     package: str = ""
 
