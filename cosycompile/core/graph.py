@@ -1,7 +1,7 @@
 """The build graph: steps with content keys, and an executor that runs only what is missing.
 
 A step's key hashes (kind, implementation source, resolved params, its inputs' keys, external
-files' content digests, tool versions, target) — never its outputs, which need not be
+files' content digests, tool releases, target) — never its outputs, which need not be
 deterministic. Working out every key touches no heavy library, so a fully cached build is fast.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from cosycompile.cache.local import Entry, Store
-from cosycompile.core.hashing import digest_files, digest_obj, tool_versions
+from cosycompile.core.hashing import digest_files, digest_obj, tool_identities
 
 T = TypeVar("T")
 
@@ -71,7 +71,8 @@ class Step:
     The key's code digest is the static import closure of ``run``'s module plus ``code`` (modules
     the body reaches through a plug-in registry, which no import statement names); ``spec`` is the
     plug-in's typed spec, hashed as JSON and handed to the body; ``tools`` are distributions whose
-    versions matter to the output.
+    releases matter to the output (keyed by :func:`~cosycompile.core.hashing.tool_identity`, so other
+    builds of the same release, e.g. a CUDA torch, reuse the step).
     """
 
     name: str
@@ -111,7 +112,7 @@ class Step:
                 "files": {
                     n: digest_files(fs, store.stat_cache, root) for n, (root, fs) in sorted(self.files.items())
                 },
-                "tools": tool_versions(self.tools),
+                "tools": tool_identities(self.tools),
                 "target": self.target,
             }
         return self._components

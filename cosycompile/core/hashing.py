@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -109,3 +110,60 @@ def tool_version(dist: str) -> str:
 def tool_versions(dists: Iterable[str]) -> dict[str, str]:
     """Versions of several distributions (see :func:`tool_version`)."""
     return {d: tool_version(d) for d in sorted(set(dists))}
+
+
+# A tool shipped as several distributions of one module (ONNX Runtime: ``onnxruntime``,
+# ``onnxruntime-gpu``, ``onnxruntime-openvino``, ...): tool name -> the module they all provide.
+# The variants of one release are built from the same source (they differ in the execution
+# providers compiled in), so a GPU server with ``onnxruntime-gpu`` must not re-key a CPU runner's steps.
+_MODULE_VARIANTS: dict[str, str] = {"onnxruntime": "onnxruntime"}
+
+
+@lru_cache(maxsize=None)
+def tool_identity(dist: str) -> str:
+    """The release of a tool that a step key names: what changes outputs, not how it was built.
+
+    The PEP 440 local version label is dropped (``2.13.0+cu128`` and ``2.13.0+cpu`` are both
+    ``2.13.0``): it names the build (CUDA or CPU wheels of the same source), not the source that
+    decides what a step computes. Keys must be portable between a CPU runner
+    and a GPU server, or a split build re-runs every export and quantization on the GPU machine.
+    For a tool in ``_MODULE_VARIANTS`` the release is that of whichever variant provides the module
+    first on ``sys.path`` (the one ``import`` would load). 'absent' when not installed.
+    """
+    module = _MODULE_VARIANTS.get(dist)
+    version = _variant_version(dist, module) if module else tool_version(dist)
+    return version.split("+", 1)[0]
+
+
+def tool_identities(dists: Iterable[str]) -> dict[str, str]:
+    """Tool identities of several distributions, the ``tools`` component of a step key."""
+    return {d: tool_identity(d) for d in sorted(set(dists))}
+
+
+def _variant_version(prefix: str, module: str) -> str:
+    """Version of the first distribution on ``sys.path`` named ``prefix`` or ``prefix-*`` that
+    provides ``module`` (``onnxruntime-extensions`` is named alike but ships another module).
+
+    Folder names are matched before any metadata is read: one ``listdir`` per path entry keeps a
+    no-op build fast. Within one folder the names are taken in sorted order, so the answer is
+    stable even where two variants were (wrongly) installed side by side.
+    """
+    for entry in sys.path:
+        folder = entry or "."
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:  # a zip file or a missing folder on the path holds no dist-info
+            continue
+        for name in names:
+            if not name.endswith((".dist-info", ".egg-info")):
+                continue
+            stem = name.split("-", 1)[0].lower().replace("_", "-").replace(".", "-")
+            if stem != prefix and not stem.startswith(prefix + "-"):
+                continue
+            dist = metadata.PathDistribution(Path(folder) / name)
+            top = dist.read_text("top_level.txt")
+            provides = (module in top.split()) if top is not None else any(
+                f.parts and f.parts[0] == module for f in (dist.files or []))
+            if provides and dist.version:
+                return dist.version
+    return "absent"
