@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="plan as if --force were given to build")
     p.add_argument("--todo", action="store_true",
                    help="list only the steps that would run (after a split build: the ones left)")
+    p.add_argument("--json", action="store_true",
+                   help="with --todo: print the steps that would run as one JSON object (name, kind, key, why, "
+                        "and what each needs: target, backend, blocked here and why) for an orchestrator")
     _add_common(p)
     _add_remote(p)
 
@@ -278,7 +281,17 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     # the plan is only a forecast (a build pulls whatever the remote holds when it runs).
     ex = executor(plan, store, reporter, force=args.force, remote=remote if args.command == "build" else None)
     if args.command == "plan":
+        if args.json and not args.todo:
+            raise UserError("plan --json lists the steps that would run: give it with --todo")
         items = ex.plan()
+        if args.json:
+            import json
+
+            from cosycompile.recipe.targets import TARGETS
+            from cosycompile.split import todo_json
+
+            print(json.dumps(todo_json(recipe, items, TARGETS[recipe.target]), indent=1))
+            return 0
         w = max(len(i.step.name) for i in items)
         todo = sum(not i.cached for i in items)
         n_left = sum(i.left for i in items)
@@ -299,7 +312,7 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     if result.pulled:
         print(f"pulled from the remote cache: {', '.join(result.pulled)}")
     if result.left:
-        return _split_build(args, recipe.name, result, time.perf_counter() - t0)
+        return _split_build(args, recipe.name, result, time.perf_counter() - t0, remote)
     if until is not None:
         ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
         print(f"built {recipe.name} until '{until}' in {time.perf_counter() - t0:.1f}s; ran: {ran}")
@@ -324,17 +337,21 @@ def _build_or_plan(args: argparse.Namespace) -> int:
                        args.allow_unvalidated)
 
 
-def _split_build(args: argparse.Namespace, name: str, result: Any, seconds: float) -> int:
-    """Exit 3: what this machine could build is cached; say which steps are left and how to finish them."""
+def _split_build(args: argparse.Namespace, name: str, result: Any, seconds: float, remote: Any = None) -> int:
+    """Exit 3: what this machine could build is cached; say which steps are left and the command that
+    finishes them on the other machine (``split.finish_command``: keeps the remote, names no path of
+    this machine's that the other lacks)."""
+    from cosycompile.split import finish_command
+
     ran = ", ".join(result.ran) if result.ran else "nothing (all cached)"
     print(f"built {name} in part in {seconds:.1f}s; ran: {ran}")
     print(f"{len(result.left)} steps left for a machine that can run them:")
     for step, why in result.left.items():
         print(f"  {step}: {why}")
-    until = f" --until {args.until}" if getattr(args, "until", None) else ""
-    print(f"finish with: cosycompile build {args.recipe}{until} --artifacts {args.artifacts}\n"
-          f"  on a machine that has what is named above, with this artifacts dir (or a copy of its cache/); "
-          f"`cosycompile plan {args.recipe} --todo` lists them")
+    cmd, plan, needs = finish_command(args.recipe, args.artifacts, remote.url if remote is not None else None,
+                                      until=getattr(args, "until", None), allow_unvalidated=args.allow_unvalidated)
+    print(f"finish with: {cmd}\n"
+          f"  on a machine that has what is named above ({needs}); `{plan}` lists them")
     return EXIT_SPLIT
 
 
