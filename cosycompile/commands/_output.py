@@ -43,18 +43,23 @@ def _guarded_by(folder: Path) -> str | None:
     return None
 
 
+def _lstat(path: Path, flag: str) -> os.stat_result | None:
+    """``path``'s own status (a link is not followed), None when nothing is there."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot check the output ({exc.strerror or exc})") from None
+
+
 def check_out_file(path: Path, flag: str = "--out", hint: str = "give a new or plain file's path") -> None:
     """Refuse ``path`` as an output file unless it is absent or a plain file, in an existing folder
     outside every bundle and cache; one-line :class:`UserError` naming ``flag`` otherwise.
 
     Checked with ``lstat`` so a symbolic link is refused as such, never followed to a device.
     """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise UserError(f"{flag} {path}: cannot check the output ({exc.strerror or exc})") from None
+    st = _lstat(path, flag)
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UserError(f"{flag} {path}: is {kind_of(st.st_mode)}, not a plain file; refusing to replace it ({hint})")
     parent = path.parent
@@ -70,12 +75,7 @@ def check_out_dir(path: Path, flag: str = "--out", need_parent: bool = True) -> 
     """Refuse ``path`` as an output folder unless it is absent or an empty folder (not a link), with an
     existing parent (unless not ``need_parent``: the command creates it), outside every bundle and
     cache; one-line :class:`UserError` naming ``flag`` otherwise."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise UserError(f"{flag} {path}: cannot check the output ({exc.strerror or exc})") from None
+    st = _lstat(path, flag)
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise UserError(f"{flag} {path}: is {kind_of(st.st_mode)}; give a new or empty folder")
