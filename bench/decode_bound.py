@@ -35,7 +35,7 @@ def decode_run(torch: Any, lm: Any, device: str, dtype: Any, batch: int, past: i
                static: bool) -> Callable[[], None]:
     """``tokens`` one-token steps of ``lm`` from a random past of ``past`` positions."""
     from cosycompile.backends.torch.static_decode import StaticCacheDecoder
-    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.families.qwen2_steps import LLMDecodeStep, LLMStaticStep
 
     c = lm.cfg
     shape = dict(layers=c.num_layers, kv_heads=c.num_kv_heads, head_dim=c.head_dim, hidden=c.hidden_size)
@@ -63,7 +63,7 @@ def main() -> int:
 
     from cosycompile.families.cosyvoice2.config import PRESETS
     from cosycompile.families.cosyvoice2.loader import BUILDERS
-    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep
+    from cosycompile.families.qwen2_steps import LLMDecodeStep
     from cosycompile.validate.metrics import logit_cosine
     from cosycompile.validate.speed import paired_ratio
 

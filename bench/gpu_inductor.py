@@ -214,7 +214,7 @@ def main() -> int:
     import torch
 
     from cosycompile.backends.torch.static_decode import StaticCacheDecoder
-    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
+    from cosycompile.families.qwen2_steps import LLMDecodeStep, LLMStaticStep
     from cosycompile.stages import get_stage
     from cosycompile.validate import metrics as M
     from cosycompile.validate.speed import paired_ratio
@@ -443,7 +443,7 @@ def _tilings() -> dict[str, Any]:
 
 def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, device: str) -> Any:
     """The static step of ``module`` exported and compiled as an AOTInductor package, loaded back."""
-    from cosycompile.families.cosyvoice2.qwen2lm import LLMStaticStep
+    from cosycompile.families.qwen2_steps import LLMStaticStep
 
     dtype = next(module.parameters()).dtype
     L, two, B, KVH, _, D = present.shape

@@ -137,8 +137,6 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     model.attach(reference, all_model_files)
     reference.files["eval"] = (eval_set.root, eval_files)
     reference.preflight = _audio_preflight(eval_files, model.root, family)
-    if family.unfinished:
-        reference.preflight = _unfinished_preflight(family, model.root, tuple(stages))
 
     calibrate = _calibrate_step(recipe, model, all_model_files, family_code)
     stage_steps: dict[str, dict[str, Step]] = {}
@@ -173,9 +171,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         )
         stage_files = family.model_files((name,))
         model.attach(export, stage_files + (family.frontend_files if consumes == "checkpoint" else ()))
-        if family.unfinished:
-            export.preflight = _unfinished_preflight(family, model.root, (name,))
-        elif model.root is not None:
+        if model.root is not None:
             export.preflight = _checkpoint_preflight(family, model.root, name)
         steps = {"export": export}
         graphs = export
@@ -190,7 +186,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
             quantize = Step(
                 name=f"{name}.quantize", kind=f"quantize.{qinfo.name}", run=lazy(qinfo.ref("quantize")),
                 code=_module_roots(sinfo, "modules"),
-                params={"stage": name, "opset": spec.export.opset, "target_kind": target.kind},
+                params={"stage": name, "opset": spec.export.opset, "target_kind": target.kind, "family": family.name},
                 spec=qspec, deps={"graphs": unquantized}, tools=qinfo.tools, target=target.name,
                 describe=f"quantize {name} to {qspec.format} with {qinfo.name}",
             )
@@ -344,19 +340,6 @@ def _audio_preflight(files: list[Path], model_root: Path | None, family: FamilyI
         check_audio(files)
         if model_root is not None:
             family.hook("check_frontend")(model_root)
-
-    return check
-
-
-def _unfinished_preflight(family: FamilyInfo, root: Path | None, stages: tuple[str, ...]) -> Callable[[], None]:
-    """Refuse a family the build graph cannot run yet, after what its model dir holds has been
-    checked (so a broken checkpoint is still named), before any step runs."""
-
-    def check() -> None:
-        if root is not None:
-            for stage in stages:
-                family.hook("check_checkpoint")(root, stage)
-        raise ModelError(f"model family '{family.name}' {family.unfinished}")
 
     return check
 

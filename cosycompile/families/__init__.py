@@ -41,14 +41,17 @@ class FamilyInfo:
     # Files a bundle's front end carries besides those (read only when present, e.g. tokenizer extras).
     bundle_files: tuple[str, ...]
     runtimes: Mapping[str, str]  # stage -> "module:Class" of its torch-free runtime (``from_runners``)
+    # stage -> "module:function": (loaded models) -> (graph modules by graph name, numpy assets, runtime
+    # constants), what a stage's export, reference and checkpoint export read of the family's networks.
+    parts: Mapping[str, str]
+    speech_tokenizer: str  # the front end's speech tokenizer model in a model dir (one of ``frontend_files``)
     loader: str = ".loader:load_models"  # (model_dir, stages) -> LoadedModels
     init_model: str = ".loader:init_model"  # (spec, out_dir, seed) -> the built-in written as a model dir
     check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight
     check_model_dir: str = ".layout:check_model_dir"  # (root, stages): files present and readable, at plan time
     check_frontend: str = ".layout:check_frontend_models"  # (root): the front end's models parse, pre-flight
-    # Why the build graph cannot yet run this family's reference, exports and checks ("" when it can):
-    # such a model is still checked file by file, then refused in one line before any work.
-    unfinished: str = ""
+    # (model dir or built-in name, stage) -> that network on the meta device (module names, no weights)
+    meta_network: str = ".loader:meta_network"
     name: str = ""
     package: str = ""
 
@@ -62,11 +65,12 @@ class FamilyInfo:
         return load_object(self.ref(attr, key))
 
     def code_modules(self, *attrs: str) -> tuple[str, ...]:
-        """The family's package and the modules of ``attrs`` (every stage's for ``runtimes``): code a
-        step reaches through this registry, which a static import walk cannot see."""
+        """The family's package and the modules of ``attrs`` (every stage's for the per-stage ones,
+        ``runtimes`` and ``parts``): code a step reaches through this registry, which a static import
+        walk cannot see."""
         out = [self.package]
         for attr in attrs:
-            keys = list(getattr(self, attr)) if attr == "runtimes" else [None]
+            keys = list(getattr(self, attr)) if isinstance(getattr(self, attr), Mapping) else [None]
             out += [self.ref(attr, k).split(":")[0] for k in keys]
         return tuple(dict.fromkeys(out))
 
@@ -131,6 +135,11 @@ def resolve_family(model: str | Path, named: str | None = None) -> FamilyInfo:
 def load_models(model_dir: Path | str, stages: Iterable[str], family: str | None = None) -> Any:
     """The networks of ``stages`` from a model dir (or ``builtin:<name>``) through its family's loader."""
     return resolve_family(model_dir, family).hook("loader")(model_dir, tuple(stages))
+
+
+def stage_parts(models: Any, stage: str) -> tuple[Mapping[str, Any], dict[str, Any], dict[str, Any]]:
+    """(graph modules, numpy assets, runtime constants) of ``stage`` from models its family's loader loaded."""
+    return get_family(models.family).hook("parts", stage)(models)
 
 
 def stage_runtime_class(stage: str, info: Mapping[str, Any]) -> Any:

@@ -33,7 +33,8 @@ def run(ctx: StepContext) -> dict[str, Any]:
     models = load_reference(model_dir(ctx), tuple(stage_infos()), p["threads"], p.get("family"))
     runtimes = {s: reference_runtime(s, models) for s in stage_infos()}
     inputs = eval_inputs(ctx)
-    extra = {"speech_token_size": models.config.speech_token_size}
+    # The flow's check draws speech tokens from the LM's vocabulary, whatever the family calls it.
+    extra = {"speech_token_size": runtimes["llm"].speech_token_size}
     for name, sinfo in ctx.progress(list(stage_infos().items()), desc="stage references"):
         arrays = sinfo.hook("reference")(runtimes[name], inputs, p["checks"][name], {**p, **extra})
         np.savez(ctx.out / f"{name}.npz", **arrays)

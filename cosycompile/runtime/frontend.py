@@ -1,9 +1,10 @@
 """Text and prompt front end: what turns an eval item into LM/flow inputs.
 
 It is not compiled, and it is the same for the reference and for every build. A real model dir
-uses the Qwen tokenizer in ``CosyVoice-BlankEN`` and the ``campplus.onnx`` /
-``speech_tokenizer_v2.onnx`` models through ONNX Runtime; a built-in model (``builtin.json``)
-uses a byte-level stand-in tokenizer and the small stand-in ONNX models ``init-model`` writes.
+uses the Qwen tokenizer in ``CosyVoice-BlankEN`` and the ``campplus.onnx`` model and its family's
+speech tokenizer (``speech_tokenizer_v2.onnx``, ``_v3``, ...) through ONNX Runtime; a built-in model
+(``builtin.json``) uses a byte-level stand-in tokenizer and the small stand-in ONNX models
+``init-model`` writes.
 """
 
 from __future__ import annotations
@@ -22,13 +23,34 @@ PROMPT_SR = 16000
 SAMPLE_RATE = 24000
 
 
+def speech_tokenizer_file(root: Path) -> str:
+    """The speech tokenizer a front-end dir uses: its family's when it holds a family's config file (a
+    model dir), else the one family speech tokenizer it holds (a bundle's front end). None of them is a
+    one-line :class:`ModelError` naming the files looked for."""
+    from cosycompile.families import detect_family, family_infos
+
+    try:
+        return detect_family(root).speech_tokenizer
+    except ModelError:
+        pass
+    known = sorted({f.speech_tokenizer for f in family_infos().values()})
+    present = [name for name in known if (root / name).is_file()]
+    if len(present) == 1:
+        return present[0]
+    if not present:
+        raise ModelError(f"{root}: front-end model is missing (a speech tokenizer: one of {', '.join(known)})")
+    raise ModelError(f"{root}: holds the speech tokenizers of several families ({', '.join(present)})")
+
+
 class Frontend:
     """Tokenizer plus prompt feature extraction for one model dir."""
 
-    def __init__(self, model_dir: Path, threads: int = 1) -> None:
+    def __init__(self, model_dir: Path, threads: int = 1, speech_tokenizer: str | None = None) -> None:
+        """``speech_tokenizer``: its file in ``model_dir``; by default the family's (see :func:`speech_tokenizer_file`)."""
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
+        tokenizer_name = speech_tokenizer or speech_tokenizer_file(self.model_dir)
         marker = self.model_dir / "builtin.json"
         self.builtin = json.loads(marker.read_text()) if marker.is_file() else None
         qwen_dir = self.model_dir / "CosyVoice-BlankEN"
@@ -52,7 +74,7 @@ class Frontend:
         so.intra_op_num_threads = threads
         so.log_severity_level = 3
         sessions = {}
-        for name in ("campplus.onnx", "speech_tokenizer_v2.onnx"):
+        for name in ("campplus.onnx", tokenizer_name):
             path = self.model_dir / name
             if not path.is_file():
                 raise ModelError(f"{path}: front-end model is missing")
@@ -66,7 +88,7 @@ class Frontend:
                 raise ModelError(f"{path}: ONNX Runtime {ort.__version__} cannot load this front-end model "
                                  f"({reason})") from None
         self.campplus = sessions["campplus.onnx"]
-        self.speech_tokenizer = sessions["speech_tokenizer_v2.onnx"]
+        self.speech_tokenizer = sessions[tokenizer_name]
 
     def text_ids(self, text: str) -> np.ndarray:
         """Token ids of ``text`` for the LM's text embedding table; never empty.

@@ -35,7 +35,8 @@ class Tensor:
     name: str
     dtype: str
     shape: tuple[int | str, ...]
-    value_range: tuple[float, float] | None = None  # for integer inputs: [low, high) of dummy values
+    # [low, high) of dummy values; an end may be a model-info key (a token input's vocabulary size)
+    value_range: tuple[float | str, float | str] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,11 +111,10 @@ class GraphSpec:
         out = {}
         for t in self.inputs:
             shape = tuple(int(s) for s in self.shape(t, info, sizes))
+            lo, hi = (info[e] if isinstance(e, str) else e for e in t.value_range or (0, 100))
             if t.dtype.startswith("int"):
-                lo, hi = t.value_range or (0, 100)
                 out[t.name] = rng.integers(int(lo), int(hi), shape).astype(t.dtype)
             elif t.value_range is not None:
-                lo, hi = t.value_range
                 out[t.name] = rng.uniform(lo, hi, shape).astype(t.dtype)
             else:
                 out[t.name] = rng.standard_normal(shape).astype(t.dtype)

@@ -14,7 +14,8 @@ import torch
 from cosycompile.backends.torch.fused_decode import FusedDecodeStep, Tiling
 from cosycompile.backends.torch.static_decode import StaticCacheDecoder
 from cosycompile.families.cosyvoice2.config import PRESETS
-from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep, Qwen2LM
+from cosycompile.families.cosyvoice2.qwen2lm import Qwen2LM
+from cosycompile.families.qwen2_steps import LLMDecodeStep, LLMStaticStep
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:

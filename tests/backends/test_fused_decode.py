@@ -56,7 +56,8 @@ def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -
     code = ("import torch\n"
             "from cosycompile.backends.torch.fused_decode import FusedDecodeStep, Tiling\n"
             "from cosycompile.families.cosyvoice2.config import PRESETS\n"
-            "from cosycompile.families.cosyvoice2.qwen2lm import LLMStaticStep, Qwen2LM\n"
+            "from cosycompile.families.cosyvoice2.qwen2lm import Qwen2LM\n"
+            "from cosycompile.families.qwen2_steps import LLMStaticStep\n"
             "step = LLMStaticStep(Qwen2LM(PRESETS['tiny'].llm).eval())\n"
             f"try:\n    FusedDecodeStep(step, 'bf16', Tiling({tiling}))\nexcept ValueError as e:\n    print(e)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300,

@@ -188,11 +188,22 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def meta_network(source: str | Path, stage: str) -> nn.Module:
+    """The ``stage`` network of a model dir (its config read safely) or of a built-in name, on the meta
+    device: its module names and shapes, no weights and no work (recipe checks at plan time)."""
+    if isinstance(source, str):  # a built-in name; variants share their preset's config
+        cfg = PRESETS[VARIANTS.get(source, (source,))[0]]
+    else:
+        cfg = read_model_config(source)
+    with torch.device("meta"):
+        return BUILDERS[stage](cfg)
+
+
 def count_parameters(net: nn.Module, exclude_weight_norm_gain: bool = True) -> int:
     """Parameters of a network; weight-norm gains (g) are counted separately upstream."""
     return sum(p.numel() for n, p in net.named_parameters()
                if not (exclude_weight_norm_gain and n.endswith("original0")))
 
 
-__all__ = ["LoadedModels", "MODEL_FILES", "count_parameters", "init_model", "load_models", "model_files",
-           "read_model_config"]
+__all__ = ["LoadedModels", "MODEL_FILES", "count_parameters", "init_model", "load_models", "meta_network",
+           "model_files", "read_model_config"]

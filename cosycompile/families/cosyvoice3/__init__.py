@@ -27,5 +27,6 @@ PLUGIN = FamilyInfo(
                     f"{QWEN_DIR}/merges.txt", f"{QWEN_DIR}/tokenizer.json"),
     bundle_files=(f"{QWEN_DIR}/config.json", f"{QWEN_DIR}/special_tokens_map.json", f"{QWEN_DIR}/added_tokens.json"),
     runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
-    unfinished="loads and runs in PyTorch, but the stages cannot export its graphs yet, so no recipe builds it",
+    parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": ".parts:hift_parts"},
+    speech_tokenizer=SPEECH_TOKENIZER,
 )

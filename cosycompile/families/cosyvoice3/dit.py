@@ -227,7 +227,9 @@ def attention_mask(mask: torch.Tensor, streaming: bool, static_chunk_size: int) 
         rows = valid & chunk_mask(T, static_chunk_size, valid.device).unsqueeze(0)  # [B, T, T]
     else:
         rows = valid  # [B, 1, T]; upstream opens empty rows before repeating them over queries
-    rows = torch.where(rows.any(dim=-1, keepdim=True), rows, torch.ones_like(rows))
+    # An empty row opens whole: ``rows | ~any`` rather than a Where over booleans, which ONNX Runtime's
+    # CPU kernels do not implement.
+    rows = rows | ~rows.any(dim=-1, keepdim=True)
     if rows.shape[1] != T:
         rows = rows.expand(-1, T, -1)
     return rows.unsqueeze(1)

@@ -157,3 +157,16 @@ class CausalMaskedDiffWithDiT(nn.Module):
                             n_timesteps=n_timesteps or self.cfg.n_timesteps, streaming=streaming)
         return feat[:, :, mel_len1:].float()
 
+
+
+class FlowEncoderStep(nn.Module):
+    """Graph wrapper of the token side, finalized: ``(token [1, N] int64, embedding [1, 192]) ->
+    (mu [1, 80, ratio * N], spks [1, 80])``; the speaker vector is L2-normalised as in ``inference``."""
+
+    def __init__(self, flow: CausalMaskedDiffWithDiT) -> None:
+        super().__init__()
+        self.flow = flow
+
+    def forward(self, token: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        spks = self.flow.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        return self.flow.encode(token).transpose(1, 2).contiguous(), spks

@@ -16,6 +16,8 @@ build must keep this op in FP32 (the guard belongs to the build, not here).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -237,6 +239,13 @@ class CausalHiFTGenerator(nn.Module):
         # Periodic Hann (scipy's get_window("hann", n, fftbins=True)), computed in float64 then rounded.
         window = torch.hann_window(self.n_fft, periodic=True, dtype=torch.float64).float()
         self.register_buffer("stft_window", window, persistent=False)
+        # The STFT as a strided convolution with the windowed DFT basis (float64, then rounded): the same
+        # numbers as torch.stft, and a graph every exporter takes (complex STFT outputs do not export to ONNX).
+        n = torch.arange(self.n_fft, dtype=torch.float64)[None, :]
+        k = torch.arange(self.n_fft // 2 + 1, dtype=torch.float64)[:, None]
+        ang = 2 * math.pi * k * n / self.n_fft
+        basis = torch.cat([torch.cos(ang), -torch.sin(ang)], dim=0) * window.double()
+        self.register_buffer("stft_basis", basis.float()[:, None, :], persistent=False)
         self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_num_class, cfg.in_channels, cfg.f0_cond_channels)
 
     # -- the source's fixed randomness -------------------------------------------------------------
@@ -264,10 +273,11 @@ class CausalHiFTGenerator(nn.Module):
 
     # -- network --------------------------------------------------------------------------------
     def _stft(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        spec = torch.stft(x, self.n_fft, self.hop, self.n_fft, window=self.stft_window.to(x.device),
-                          return_complex=True)
-        spec = torch.view_as_real(spec)
-        return spec[..., 0], spec[..., 1]
+        """[B, L] -> (real, imag) [B, n_fft/2 + 1, L/hop + 1], as torch.stft(center=True, reflect padding)."""
+        x = F.pad(x[:, None], (self.n_fft // 2, self.n_fft // 2), mode="reflect")
+        spec = F.conv1d(x, self.stft_basis, stride=self.hop)
+        half = self.n_fft // 2 + 1
+        return spec[:, :half], spec[:, half:]
 
     def _istft(self, magnitude: torch.Tensor, phase: torch.Tensor) -> torch.Tensor:
         magnitude = torch.clip(magnitude, max=1e2)
@@ -348,6 +358,9 @@ class HiFTNetStep(nn.Module):
     ``(mel [1, 80, T], rand_ini [1, H], noise [1, 480 T, H]) -> (magnitude, phase)``.
 
     ``magnitude`` is clipped at 1e2 as the iSTFT clips it, so the runtime's numpy iSTFT takes it as is.
+    The F0 predictor runs in float32 here, where upstream (and :meth:`CausalHiFTGenerator.predict_f0`)
+    runs it in float64: ONNX Runtime's CPU kernels have no float64 convolution, and the graph is what
+    the reference and every engine run. tests/families/cosyvoice3 measures the waveform this costs.
     """
 
     def __init__(self, hift: CausalHiFTGenerator) -> None:
@@ -356,6 +369,6 @@ class HiFTNetStep(nn.Module):
 
     def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rand_ini = torch.cat([torch.zeros_like(rand_ini[:, :1]), rand_ini[:, 1:]], dim=1)
-        s = self.hift.source(self.hift.predict_f0(mel), rand_ini, noise)
+        s = self.hift.source(self.hift.f0_predictor(mel), rand_ini, noise)
         magnitude, phase = self.hift.spectrum(mel, s)
         return torch.clip(magnitude, max=1e2), phase

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
@@ -79,6 +80,14 @@ def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "
     return load_family_models(model_dir, stages, read_model_config, BUILDERS, NORMALIZE, LoadedModels, init_model)
 
 
+def meta_network(source: str | Path, stage: str) -> nn.Module:
+    """The ``stage`` network of a model dir (its config read safely) or of a built-in name, on the meta
+    device: its module names and shapes, no weights and no work (recipe checks at plan time)."""
+    cfg = PRESETS[source] if isinstance(source, str) else read_model_config(source)
+    with torch.device("meta"):
+        return BUILDERS[stage](cfg)
+
+
 # -- built-in models ---------------------------------------------------------------------------
 
 def _yaml_text(cfg: CosyVoice3Config) -> str:
@@ -118,6 +127,14 @@ def _yaml_text(cfg: CosyVoice3Config) -> str:
 
 def _prepare(stage: str, net: nn.Module) -> None:
     """Random weights that keep every stage's output finite and non-degenerate."""
+    if stage == "llm":
+        # 200 of the head's rows stop decoding (all of them past the speech tokens): random rows would
+        # stop a random LM on its first token, and a check of zero tokens measures nothing. At logit 0
+        # they lose to the best of the speech tokens' random logits, so the LM speaks to its length limit.
+        import torch
+
+        with torch.no_grad():
+            net.llm_decoder.weight[net.speech_token_size:] = 0.0
     if stage == "flow":
         init_weights(net)
     if stage == "hift":
@@ -144,4 +161,4 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
 
 
 __all__ = ["BUILDERS", "LoadedModels", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",
-           "read_model_config"]
+           "meta_network", "read_model_config"]

@@ -77,19 +77,14 @@ def check_exclusions(names: list[str], patterns: list[str]) -> None:
                               f"(names look like: {', '.join(names[5:8])}, ...)")
 
 
-def exclusion_preflight(model_dir_or_preset: Any, patterns: list[str]) -> None:
-    """Check exclusions against the network built on the meta device (no weights, no work)."""
-    import torch
+def exclusion_preflight(model_dir_or_builtin: Any, patterns: list[str]) -> None:
+    """Check exclusions against the LM built on the meta device (no weights, no work); the source is a
+    model dir or a built-in's name, whose family builds it."""
+    from cosycompile.families import BUILTIN_PREFIX, resolve_family
 
-    from cosycompile.families.cosyvoice2.config import PRESETS, ModelConfig
-    from cosycompile.families.cosyvoice2.loader import VARIANTS, read_model_config
-    from cosycompile.families.cosyvoice2.qwen2lm import Qwen2LM
-
-    if isinstance(model_dir_or_preset, str):  # a built-in name; variants share their preset's config
-        model_dir_or_preset = PRESETS[VARIANTS.get(model_dir_or_preset, (model_dir_or_preset,))[0]]
-    cfg = model_dir_or_preset if isinstance(model_dir_or_preset, ModelConfig) else read_model_config(model_dir_or_preset)
-    with torch.device("meta"):
-        lm = Qwen2LM(cfg.llm, cfg.speech_token_size)
+    source = model_dir_or_builtin
+    family = resolve_family(BUILTIN_PREFIX + source if isinstance(source, str) else source)
+    lm = family.hook("meta_network")(source, "llm")
     check_exclusions([n for n, _ in lm.qwen.named_modules()], patterns)
 
 
@@ -107,7 +102,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.families.cosyvoice2.loader import load_models
+    from cosycompile.families import load_models
     from cosycompile.stages.common import model_dir
     from cosycompile.stages.llm.export import stage_parts
 
@@ -115,9 +110,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     p = {**s.model_dump(), "method": s.resolved_method, "alpha": 0.5 if s.alpha is None else s.alpha,
          "block_size": s.block_size or 128, "opset": ctx.params["opset"]}
     torch.manual_seed(0)
-    models = load_models(model_dir(ctx), ("llm",))
+    models = load_models(model_dir(ctx), ("llm",), ctx.params.get("family"))
     lm = models.llm
-    c = models.config.llm
+    c = lm.cfg
     _check_block_size(c.hidden_size, c.intermediate_size, p)
     records = load_records(ctx.inputs["calib"], LLM_STEP.name)[: p["calib_items"]] if "calib" in ctx.inputs else []
     body = lm.qwen.model
@@ -145,13 +140,13 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         gd = GraphsDir(ctx.out, "llm", {LLM_STEP.name: {"file": "llm_step.onnx", "inputs": LLM_STEP.input_names,
                                                         "outputs": LLM_STEP.output_names, "precision": p["format"],
                                                         "spec": LLM_STEP.describe(info)}},
-                       {}, dict(info, precision=p["format"]))
+                       {}, dict(info, family=models.family, precision=p["format"]))
         for name, arr in assets.items():
             np.save(ctx.out / f"{name}.npy", arr)
             gd.assets[name] = f"{name}.npy"
         gd.write()
     else:  # checkpoint-only build (GPU recipes): still a graphs dir, with no graphs
-        info = dict(stage_parts(models)[2], precision=p["format"])
+        info = dict(stage_parts(models)[2], family=models.family, precision=p["format"])
         if "hf" in p["exports"]:
             info["checkpoint"] = "hf"  # what a checkpoint backend reads (stages/llm/hf_rewrite.py)
         GraphsDir(ctx.out, "llm", {}, {}, info).write()
@@ -224,7 +219,7 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep
+    from cosycompile.families.qwen2_steps import LLMDecodeStep
     from cosycompile.onnx.tools import export_onnx
 
     fmt = p["format"]

@@ -14,7 +14,7 @@ from cosycompile.stages import Metric, StageInfo
 
 FLOW_ENCODER = GraphSpec(
     name="flow_encoder",
-    inputs=(Tensor("token", "int64", (1, "tokens"), (0, 100)),
+    inputs=(Tensor("token", "int64", (1, "tokens"), (0, "flow_vocab_size")),
             Tensor("embedding", "float32", (1, "spk_embed_dim"))),
     outputs=(Tensor("mu", "float32", (1, "mel_bins", "frames")), Tensor("spks", "float32", (1, "mel_bins"))),
     dims=(Dim("tokens", 1, 250, 1500, 20), Dim("frames", 2, 500, 3000, 40)),

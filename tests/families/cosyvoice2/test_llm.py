@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep
+from cosycompile.families.qwen2_steps import LLMDecodeStep
 
 
 def _empty_past(lm: Any, batch: int = 1) -> torch.Tensor:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cosycompile.backends.torch.static_decode import SLOT_BLOCK, DecoderPerThread, StaticCacheDecoder, slots_for
-from cosycompile.families.cosyvoice2.qwen2lm import LLMDecodeStep, LLMStaticStep
+from cosycompile.families.qwen2_steps import LLMDecodeStep, LLMStaticStep
 
 
 def _prefill(lm: Any, batch: int, length: int, gen: torch.Generator, device: str = "cpu",
@@ -229,18 +229,18 @@ def test_step_reads_merged_matrices_and_not_the_lm(tiny_models: Any) -> None:
 def test_static_step_is_built_only_where_it_is_read(tiny_models: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its merged matrices are a copy of most of the LM, so the stage's modules make it on first lookup:
     the PyTorch reference (a CPU runtime) never builds it, an export of it does, once."""
-    import cosycompile.families.cosyvoice2.qwen2lm as qwen2lm
+    import cosycompile.families.qwen2_steps as qwen2_steps
     from cosycompile.reference.runners import reference_runtime
     from cosycompile.stages.llm.export import stage_parts
 
     made: list[object] = []
 
-    class Counted(qwen2lm.LLMStaticStep):
+    class Counted(qwen2_steps.LLMStaticStep):
         def __init__(self, lm: Any) -> None:
             super().__init__(lm)
             made.append(self)
 
-    monkeypatch.setattr(qwen2lm, "LLMStaticStep", Counted)
+    monkeypatch.setattr(qwen2_steps, "LLMStaticStep", Counted)
     rt = reference_runtime("llm", tiny_models)
     assert made == [] and rt.kept is None
     modules, _, _ = stage_parts(tiny_models)

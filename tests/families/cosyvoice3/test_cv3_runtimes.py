@@ -175,10 +175,18 @@ def test_hift_wav_equals_the_networks_causal_inference(models: Any) -> None:
     assert rand_ini[0, 0] == 0.0 and noise.min() >= 0.0 and noise.max() < 1.0  # uniform, as upstream's torch.rand
     # A longer draw of the same seed extends a shorter one, as reading upstream's fixed noise from its start does.
     assert np.array_equal(rt.source_noise(mel.shape[1] + 10, 5)[1][:, :noise.shape[1]], noise)
+    import dataclasses
+
     hift.set_noise(torch.from_numpy(rand_ini), torch.from_numpy(noise))
     try:
-        want, _ = hift.inference(torch.from_numpy(mel)[None])
+        want, _ = hift.inference(torch.from_numpy(mel)[None])  # F0 in float64, as upstream
+        hift.cfg = dataclasses.replace(c, f0_float64=False)
+        want32, _ = hift.inference(torch.from_numpy(mel)[None])
     finally:
+        hift.cfg = c
         hift.m_source.l_sin_gen.rand_ini = hift.m_source.l_sin_gen.sine_waves = None
     assert got.shape == (mel.shape[1] * hift.upsample_scale,) and np.abs(want.numpy()).max() > 1e-3
-    assert rel_err(got, want[0].numpy()) <= 1e-4
+    # The graph computes F0 in float32 (ONNX Runtime has no float64 convolution): equal to the network
+    # run so, and within what that costs of upstream's float64 F0.
+    assert rel_err(got, want32[0].numpy()) <= 1e-5
+    assert 0.0 < rel_err(got, want[0].numpy()) <= 1e-3

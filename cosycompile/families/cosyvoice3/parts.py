@@ -1,0 +1,56 @@
+"""What each stage exports of CosyVoice3's networks: graph modules, numpy assets, runtime constants.
+
+One function per stage (``FamilyInfo.parts``), called on the models this family's loader loaded. The
+graphs have the same inputs and outputs as every family's (the stages' graph specs); what is
+CosyVoice3's own sits behind them: no ``llm_embedding`` (sos and task_id are speech-embedding rows,
+``extra_speech_rows`` of them past the speech tokens), a DiT estimator, an encoder that is an
+embedding, the pre-look-ahead layer and a repeat, and the causal HiFT (offline, finalized).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+Parts = tuple[Mapping[str, Any], dict[str, np.ndarray], dict[str, Any]]
+
+
+def llm_parts(models: Any) -> Parts:
+    """The Qwen2 decode steps, the text and speech embedding tables, the LM's shape and speech vocabulary."""
+    from cosycompile.families.qwen2_steps import decode_step_modules
+
+    lm = models.llm
+    c = models.config.lm
+    assets = {"text_embedding": lm.qwen.model.embed_tokens.weight.detach().float().numpy(),
+              "speech_embedding": lm.speech_embedding.weight.detach().float().numpy()}
+    info = {"num_layers": c.num_layers, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "hidden_size": c.hidden_size, "speech_token_size": c.speech_token_size,
+            "extra_speech_rows": c.extra_speech_rows, "vocab_size": c.speech_token_size + c.extra_speech_rows}
+    return decode_step_modules(lm), assets, info
+
+
+def flow_parts(models: Any) -> Parts:
+    """The token encoder step and the DiT estimator (offline: full attention), the fixed noise, constants."""
+    from .flow import FlowEncoderStep
+
+    c = models.config.flow
+    flow = models.flow
+    modules = {"flow_encoder": FlowEncoderStep(flow).eval(), "flow_estimator": flow.decoder.estimator.eval()}
+    assets = {"rand_noise": flow.decoder.rand_noise.detach().float().numpy()}
+    info = {"n_timesteps": c.n_timesteps, "cfg_rate": c.inference_cfg_rate, "mel_bins": c.output_size,
+            "spk_embed_dim": c.spk_embed_dim, "flow_vocab_size": c.vocab_size, "token_mel_ratio": c.token_mel_ratio}
+    return modules, assets, info
+
+
+def hift_parts(models: Any) -> Parts:
+    """The causal vocoder up to the iSTFT (finalized), the iSTFT's and source's constants."""
+    from .hift import HiFTNetStep
+
+    c = models.config.hift
+    info = {"samples_per_frame": models.hift.upsample_scale, "nb_harmonics": c.nb_harmonics,
+            "harmonics": c.nb_harmonics + 1, "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1,
+            "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate,
+            "mel_bins": c.in_channels}
+    return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
