@@ -191,8 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("triton", help="write a Triton Inference Server model repository of a bundle",
                        description="Write DIR as a Triton model repository serving BUNDLE. A CPU bundle (every "
                                    "stage on onnxruntime) gives python-backend models running its engines: "
-                                   "cosyvoice2 (decoupled, gRPC streaming, one response per text piece) and "
-                                   "cosyvoice2_offline (HTTP). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
+                                   "FAMILY (decoupled, gRPC streaming, one response per text piece) and "
+                                   "FAMILY_offline (HTTP), FAMILY the bundle's model family (cosyvoice2, "
+                                   "cosyvoice3). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
                                    "the CosyVoice runtime layout: BLS cosyvoice2, token2wav, vocoder, "
                                    "speaker_embedding, audio_tokenizer and tensorrt_llm (or --llm-url). Configs come "
                                    "from the bundle's manifest and recipe; DIR/README.md says how to start the server.")

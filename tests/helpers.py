@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import yaml
 
@@ -44,3 +49,57 @@ def until_outputs(stdout: str) -> dict[str, Path]:
             name, path = line.strip().split(": ", 1)
             out[name] = Path(path)
     return out
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` loopback ports free at the time of asking."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@contextmanager
+def tritonserver(repo: Path, work: Path, ready_s: float = 180) -> Iterator[dict[str, Any]]:
+    """The real tritonserver (nvidia-pytriton's, python backend) on ``repo``, on loopback ports, ready;
+    stopped (killed if need be) on exit. Yields its process, ``http`` and ``grpc`` addresses and log path."""
+    import pytest
+
+    from cosycompile.exporters.triton.server import prepare_backend_dir, server_command, server_env, tritonserver_binary
+
+    if tritonserver_binary() is None:
+        pytest.fail("tritonserver is not installed: make install (pip install --no-deps nvidia-pytriton==0.7.0)")
+    work.mkdir(parents=True, exist_ok=True)
+    http, grpc, metrics = free_ports(3)
+    log_path = work / "server.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(server_command(repo, prepare_backend_dir(work / "backends"), http, grpc, metrics),
+                            env=server_env(), stdout=log, stderr=subprocess.STDOUT)
+    state = {"proc": proc, "http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}", "log": log_path}
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"tritonserver exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"tritonserver not ready in {ready_s:.0f} s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(0.5)
+        yield state
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+        log.close()

@@ -11,17 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
-import socket
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from helpers import REPO, run_cli, write_recipe
+from helpers import REPO, run_cli, tritonserver, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -81,54 +79,11 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"root": root, "art": art, "recipe": recipe, "bundle": bundle, "repo": art / "triton" / bundle.name}
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def server(build: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
     """tritonserver on the exported CPU repository, ready; stopped (killed if need be) at the end."""
-    from cosycompile.exporters.triton.server import prepare_backend_dir, server_command, server_env, tritonserver_binary
-
-    if tritonserver_binary() is None:
-        pytest.fail("tritonserver is not installed: make install (pip install --no-deps nvidia-pytriton==0.7.0)")
-    work = tmp_path_factory.mktemp("tritonserver")
-    http, grpc, metrics = _free_ports(3)
-    log_path = work / "server.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(server_command(build["repo"], prepare_backend_dir(work / "backends"), http, grpc, metrics),
-                            env=server_env(), stdout=log, stderr=subprocess.STDOUT)
-    state = {"proc": proc, "http": f"127.0.0.1:{http}", "grpc": f"127.0.0.1:{grpc}", "log": log_path}
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tritonserver exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"http://{state['http']}/v2/health/ready", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"tritonserver not ready in 180 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(0.5)
+    with tritonserver(build["repo"], tmp_path_factory.mktemp("tritonserver")) as state:
         yield state
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=30)
-        log.close()
 
 
 @pytest.fixture(scope="module")

@@ -76,6 +76,7 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
             "recipe": recipe.name,
             "recipe_source": recipe.source,
             "model": recipe.model,
+            "family": plan.family.name,
             "target": recipe.target,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key": plan.final.key(store),

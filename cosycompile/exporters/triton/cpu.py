@@ -1,8 +1,9 @@
 """The CPU layout: two python-backend models over the bundle, streaming (gRPC) and offline (HTTP).
 
-``tritonclient``'s HTTP client cannot talk to a decoupled model, so the same code is served twice:
-``cosyvoice2`` (decoupled: one response per text piece, gRPC streaming) and ``cosyvoice2_offline``
-(one response per request, HTTP or gRPC). Each has the whole bundle in ``1/bundle/``.
+``tritonclient``'s HTTP client cannot talk to a decoupled model, so the same code is served twice,
+named after the bundle's model family: ``cosyvoice2`` (decoupled: one response per text piece, gRPC
+streaming) and ``cosyvoice2_offline`` (one response per request, HTTP or gRPC), ``cosyvoice3`` and
+``cosyvoice3_offline`` for a CosyVoice3 bundle. Each has the whole bundle in ``1/bundle/``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from cosycompile.exporters.triton.config import ModelConfig, TensorConfig
 from cosycompile.exporters.triton.repository import RepoOptions, Writer
 from cosycompile.exporters.triton.shim import model_py
 
+# The names of a CosyVoice2 bundle's models (the GPU layout's too); see model_names().
 STREAMING, OFFLINE = "cosyvoice2", "cosyvoice2_offline"
 SERVE_MODULE = "cosycompile.exporters.triton.serve_cpu"
 
@@ -29,6 +31,15 @@ INPUTS = [
 OUTPUTS = [TensorConfig("waveform", "float32", (-1,))]
 
 
+def model_names(manifest: dict) -> tuple[str, str]:
+    """(streaming, offline) model names of a bundle: its family's name (bundles written before the
+    manifest named a family are CosyVoice2's)."""
+    from cosycompile.families import LEGACY_FAMILY
+
+    family = str(manifest.get("family", LEGACY_FAMILY))
+    return family, f"{family}_offline"
+
+
 def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     """The two models' configs, from the recipe (threads, sampling) and the options."""
     from cosycompile.commands.synthesize import recipe_sampling, recipe_threads
@@ -40,7 +51,7 @@ def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     return [ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                         instance_kind="KIND_CPU", instance_count=options.instances, decoupled=decoupled,
                         parameters=dict(params))
-            for name, decoupled in ((STREAMING, True), (OFFLINE, False))]
+            for name, decoupled in zip(model_names(w.manifest), (True, False))]
 
 
 def write_cpu(w: Writer, options: RepoOptions) -> str:
@@ -56,6 +67,7 @@ def readme(w: Writer, options: RepoOptions) -> str:
     """How to serve and call the CPU repository (the environment lines are this machine's)."""
     from cosycompile.exporters.triton.server import server_ld_library_path, server_pythonpath
 
+    streaming, offline = model_names(w.manifest)
     return f"""# Triton model repository of bundle `{w.bundle.name}` (CPU, ONNX Runtime)
 
 Written by `cosycompile triton` from recipe `{w.manifest.get('recipe')}` (bundle key `{w.manifest.get('key')}`).
@@ -64,8 +76,8 @@ runtime: the same code as `cosycompile synthesize`, so the same text and seed gi
 
 | model | transaction | protocol | what |
 |---|---|---|---|
-| `{STREAMING}` | decoupled | gRPC streaming | one `waveform` response per text piece (sentences), then a final empty one |
-| `{OFFLINE}` | one response | HTTP or gRPC | the whole `waveform` of the text |
+| `{streaming}` | decoupled | gRPC streaming | one `waveform` response per text piece (sentences), then a final empty one |
+| `{offline}` | one response | HTTP or gRPC | the whole `waveform` of the text |
 
 Inputs (batch dim 1): `target_text` BYTES [1,1] or `target_text_utf8` UINT8 [1,N] (its UTF-8 bytes);
 optional `reference_wav` FP32 [1,N] (16 kHz prompt audio), `reference_wav_len` INT32 [1,1], `reference_text`
@@ -117,11 +129,11 @@ import numpy as np, tritonclient.http as http, tritonclient.grpc as grpc
 text = np.frombuffer("Hello there.".encode(), np.uint8)[None]   # or BYTES target_text where the stub allows
 c = http.InferenceServerClient("127.0.0.1:8000")
 i = http.InferInput("target_text_utf8", list(text.shape), "UINT8"); i.set_data_from_numpy(text)
-wav = c.infer("{OFFLINE}", [i]).as_numpy("waveform")[0]          # 24 kHz float32
+wav = c.infer("{offline}", [i]).as_numpy("waveform")[0]          # 24 kHz float32
 
 g = grpc.InferenceServerClient("127.0.0.1:8001")               # streaming: one chunk per text piece
 g.start_stream(callback=lambda result, error: print(error or result.as_numpy("waveform").shape))
 gi = grpc.InferInput("target_text_utf8", list(text.shape), "UINT8"); gi.set_data_from_numpy(text)
-g.async_stream_infer("{STREAMING}", [gi]); g.stop_stream()
+g.async_stream_infer("{streaming}", [gi]); g.stop_stream()
 ```
 """

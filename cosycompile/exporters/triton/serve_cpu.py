@@ -38,7 +38,7 @@ def _first(values: Any) -> Any:
 
 
 class TritonPythonModel:
-    """``cosyvoice2`` (decoupled, streaming) or ``cosyvoice2_offline`` over a bundle in the version dir."""
+    """``<family>`` (decoupled, streaming) or ``<family>_offline`` over a bundle in the version dir."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         """Load the bundle named by the ``bundle`` parameter (relative to the version dir)."""
