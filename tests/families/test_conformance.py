@@ -91,10 +91,12 @@ def test_a_renamed_copy_of_the_folder_is_a_new_family(name: str, tmp_path: Path)
     assert loaded == "]", loaded
 
 
-def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CosyVoice2 recipe's steps are keyed by CosyVoice2's family folder only: any file of another
-    family folder (a copy standing in for the next family, and any work in progress) can change
-    without rebuilding them."""
+@pytest.mark.parametrize(("recipe", "family"), [("cpu-int8.yaml", "cosyvoice2"), ("cv3-cpu-int8.yaml", "cosyvoice3")])
+def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, recipe: str,
+                                                      family: str) -> None:
+    """A recipe's steps are keyed by its own family's folder only: any file of another family folder
+    (the other generation, a copy standing in for the next family, any work in progress) can change
+    without rebuilding them; an edit of its own family's files re-keys them."""
     from cosycompile.cache.local import Store
     from cosycompile.core import keys
     from cosycompile.core.graph import topo_order
@@ -103,18 +105,18 @@ def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatc
 
     copy = tmp_path / "pkg" / "cosycompile"
     shutil.copytree(REPO / "cosycompile", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(copy / "families" / "cosyvoice2", copy / "families" / "nextfamily")
+    shutil.copytree(copy / "families" / family, copy / "families" / "nextfamily")
     monkeypatch.setattr(keys, "default_package_root", lambda: copy)
     store = Store(tmp_path / "art")
 
     def all_keys() -> dict[str, str]:
-        plan = plan_build(load_recipe(REPO / "recipes" / "cpu-int8.yaml"))
-        assert plan.family.name == "cosyvoice2"
+        plan = plan_build(load_recipe(REPO / "recipes" / recipe))
+        assert plan.family.name == family
         return {s.name: s.key(store) for s in topo_order([plan.final, *plan.steps])}
 
     before = all_keys()
-    others = [p for p in sorted((copy / "families").rglob("*.py")) if p.parent.name not in ("families", "cosyvoice2")]
-    assert len(others) >= 5
+    others = [p for p in sorted((copy / "families").rglob("*.py")) if p.parent.name not in ("families", family)]
+    assert len(others) >= 10 and any(p.parent.name not in (family, "nextfamily") for p in others)
     for path in others:
         original = path.read_bytes()
         path.write_bytes(original + b"\n# an edit in another family\n")
@@ -122,7 +124,13 @@ def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatc
             assert all_keys() == before, path
         finally:
             path.write_bytes(original)
-    # The family's own files do key its steps (the check above is not vacuous).
-    loader = copy / "families" / "cosyvoice2" / "loader.py"
-    loader.write_bytes(loader.read_bytes() + b"\n# an edit\n")
-    assert all_keys()["reference"] != before["reference"]
+    # The family's own files do key its steps (the check above is not vacuous): its loader keys the
+    # reference, its parts every export.
+    for name, step in (("loader.py", "reference"), ("parts.py", "llm.export"), ("parts.py", "flow.export")):
+        own = copy / "families" / family / name
+        original = own.read_bytes()
+        own.write_bytes(original + b"\n# an edit\n")
+        try:
+            assert all_keys()[step] != before[step], (name, step)
+        finally:
+            own.write_bytes(original)
