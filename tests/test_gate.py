@@ -62,7 +62,9 @@ def degraded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A build whose HiFT is quantized to INT8 (HiFT does not hold up in INT8) and the matching FP32 build."""
     tmp = tmp_path_factory.mktemp("degraded")
     art = tmp / "art"
-    common = {"calibration": {"max_items": 2}, "validation": {"max_items": 1}}
+    # One timed pair and no throughput sweep: these builds test the gate and the report, not speed.
+    common = {"calibration": {"max_items": 2},
+              "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}}}
     good = write_recipe(tmp / "good.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "good",
                                             **common}, base=False)
     bad = write_recipe(tmp / "bad.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "bad",

@@ -22,7 +22,8 @@ def torch_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     art = tmp / "art"
     recipe = write_recipe(tmp / "torch.yaml", {
         "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "torch-test",
-        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120}},
+        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120},
+                       "speed": {"runs": 1, "throughput": []}},
     })
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q", timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -133,7 +134,8 @@ def test_int8_llm_and_flow_compile_and_hold_quality(torch_build: tuple[Path, Pat
     art, recipe, _ = torch_build
     int8 = write_recipe(recipe.parent / "int8.yaml", {
         "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-int8",
-        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120}},
+        "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120},
+                       "speed": {"runs": 1, "throughput": []}},
     }, base=False)
     res = run_cli("build", str(int8), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -135,7 +135,7 @@ def test_cli_writes_the_same_configs_and_refuses_bad_input(build: dict[str, Path
                                                       "--instances", "0"))
     assert not (tmp_path / "r").exists()
     help_text = run_cli("triton", "--help").stdout
-    assert "--out DIR" in help_text and "cosyvoice2_offline" in help_text
+    assert "--out DIR" in help_text and "FAMILY_offline" in help_text and "cosyvoice3" in help_text
 
 
 def test_cpu_configs_parse_and_match_the_bundle(build: dict[str, Path]) -> None:
