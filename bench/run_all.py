@@ -57,6 +57,9 @@ def commands() -> list[list[str]]:
     cmds.append([py, str(bench / "reference_reuse.py"), "--artifacts", FRESH])
     cmds += [[py, str(bench / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml")]
              for r in ("cpu-int8", "cpu-int8-dynamic", "cpu-fast", "cpu-fast-cfm5")]
+    # CosyVoice3 on its 0.5B shapes: its FP32 engines, INT8 and the fast recipe against its own reference.
+    cmds += [[py, str(bench / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml"),
+              "--model", "builtin:cv3-random-0.5b"] for r in ("cv3-cpu-fp32", "cv3-cpu-int8", "cv3-cpu-fast")]
     cmds.append([py, str(bench / "noop_rebuild.py")])
     return cmds
 

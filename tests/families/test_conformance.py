@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cosycompile.families import family_infos
@@ -31,13 +32,15 @@ def test_plugin_references_resolve(name: str) -> None:
     assert info.name == name and info.package == f"cosycompile.families.{name}"
     assert info.config_file and info.summary
     assert info.tiny_builtin in info.builtins
-    for attr in ("loader", "init_model", "check_checkpoint", "check_model_dir", "check_frontend"):
+    for attr in ("loader", "init_model", "check_checkpoint", "check_model_dir", "check_frontend", "meta_network"):
         assert callable(info.hook(attr)), attr
+    assert info.speech_tokenizer in info.frontend_files
     for stage in pipeline_stages():
         assert stage in info.stage_files, stage
         assert info.config_file in info.stage_files[stage]  # every stage reads the config
         runtime = info.hook("runtimes", stage)
         assert callable(runtime.from_runners) and isinstance(runtime.product, str), stage
+        assert callable(info.hook("parts", stage)), stage
     # The modules a step reaches through the registry, named for its code digest, are the family's own.
     assert all(m.startswith(info.package) for m in info.code_modules("loader", "runtimes", "init_model"))
 
@@ -61,6 +64,36 @@ def test_tiny_builtin_loads_through_the_model_dir_loader(name: str, tmp_path: Pa
     for stage in pipeline_stages():
         a, b = getattr(from_dir, stage).state_dict(), getattr(from_spec, stage).state_dict()
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), stage
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_parts_give_every_graph_of_every_stage_its_specs_shapes(name: str) -> None:
+    """What a family exports is what the stage's graph specs say: a module for every graph a CPU build
+    exports, whose outputs on the spec's dummy inputs (built from the parts' constants) have the
+    spec's shapes, and the constants the spec's symbolic dims name."""
+    import torch
+
+    from cosycompile.families import load_models, stage_parts
+    from cosycompile.stages import get_stage, pipeline_stages
+
+    info = family_infos()[name]
+    models = load_models(f"builtin:{info.tiny_builtin}", pipeline_stages())
+    for stage in pipeline_stages():
+        modules, assets, consts = stage_parts(models, stage)
+        assert all(isinstance(a, np.ndarray) for a in assets.values()), stage
+        for spec in get_stage(stage).graphs:
+            if spec.gpu_program_only:
+                continue
+            sizes = {d.name: d.example for d in spec.dims}
+            dummy = spec.dummy_inputs(consts, sizes=sizes)
+            with torch.no_grad():
+                outs = modules[spec.name](*(torch.from_numpy(dummy[n]) for n in spec.input_names))
+            outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            assert len(outs) == len(spec.outputs), (stage, spec.name)
+            for tensor, out in zip(spec.outputs, outs):
+                want = spec.shape(tensor, consts, sizes)  # the dims' example sizes are consistent with each other
+                assert list(out.shape) == [int(w) for w in want], (spec.name, tensor.name, tuple(out.shape), want)
+                assert torch.isfinite(out).all(), (spec.name, tensor.name)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
