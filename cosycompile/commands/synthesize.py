@@ -173,16 +173,15 @@ def run(args: argparse.Namespace) -> int:
     pieces = split_text(text, args.max_chars)
 
     from cosycompile.runtime.dataset import read_wav
-    from cosycompile.runtime.pipeline import Prompt
 
     prompt_wav = read_wav(args.prompt_wav) if args.prompt_wav is not None else None
     loaded = load_bundle(bundle, args.threads)
     sampling = recipe_sampling(loaded.recipe, args.sampling, args.seed, args.max_tokens)
     frontend = loaded.frontend
     if prompt_wav is not None:
-        prompt = frontend.prompt(prompt_wav[0], prompt_wav[1], args.prompt_text or "")
+        prompt = frontend.prompt(prompt_wav[0], prompt_wav[1], args.prompt_text or "", text)
     else:
-        prompt = Prompt.empty()
+        prompt = frontend.no_prompt(text)
     ids = [frontend.text_ids(p) for p in pieces]  # every piece tokenizes before minutes of synthesis start
 
     from tqdm import tqdm

@@ -45,6 +45,10 @@ class FamilyInfo:
     # constants), what a stage's export, reference and checkpoint export read of the family's networks.
     parts: Mapping[str, str]
     speech_tokenizer: str  # the front end's speech tokenizer model in a model dir (one of ``frontend_files``)
+    # Text the front end puts before a prompt's text when neither it nor the text holds ``prompt_marker``
+    # (CosyVoice3's LM was trained on an instruction ending in ``<|endofprompt|>``; upstream asserts it).
+    prompt_instruction: str = ""
+    prompt_marker: str = ""
     loader: str = ".loader:load_models"  # (model_dir, stages) -> LoadedModels
     init_model: str = ".loader:init_model"  # (spec, out_dir, seed) -> the built-in written as a model dir
     check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,34 +24,38 @@ PROMPT_SR = 16000
 SAMPLE_RATE = 24000
 
 
-def speech_tokenizer_file(root: Path) -> str:
-    """The speech tokenizer a front-end dir uses: its family's when it holds a family's config file (a
-    model dir), else the one family speech tokenizer it holds (a bundle's front end). None of them is a
-    one-line :class:`ModelError` naming the files looked for."""
+def frontend_family(root: Path) -> Any:
+    """The model family whose front end a dir holds: the family of its config file (a model dir), else
+    the one family whose speech tokenizer it holds (a bundle's front end). Neither is a one-line
+    :class:`ModelError` naming the files looked for."""
     from cosycompile.families import detect_family, family_infos
 
     try:
-        return detect_family(root).speech_tokenizer
+        return detect_family(root)
     except ModelError:
         pass
-    known = sorted({f.speech_tokenizer for f in family_infos().values()})
-    present = [name for name in known if (root / name).is_file()]
+    families = family_infos().values()
+    present = [f for f in families if (root / f.speech_tokenizer).is_file()]
     if len(present) == 1:
         return present[0]
     if not present:
-        raise ModelError(f"{root}: front-end model is missing (a speech tokenizer: one of {', '.join(known)})")
-    raise ModelError(f"{root}: holds the speech tokenizers of several families ({', '.join(present)})")
+        known = ", ".join(sorted({f.speech_tokenizer for f in families}))
+        raise ModelError(f"{root}: front-end model is missing (a speech tokenizer: one of {known})")
+    raise ModelError(f"{root}: holds the speech tokenizers of several families "
+                     f"({', '.join(f.speech_tokenizer for f in present)})")
 
 
 class Frontend:
     """Tokenizer plus prompt feature extraction for one model dir."""
 
-    def __init__(self, model_dir: Path, threads: int = 1, speech_tokenizer: str | None = None) -> None:
-        """``speech_tokenizer``: its file in ``model_dir``; by default the family's (see :func:`speech_tokenizer_file`)."""
+    def __init__(self, model_dir: Path, threads: int = 1) -> None:
+        """The front end of ``model_dir`` (a model dir, or a bundle's front end) as its family defines it."""
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
-        tokenizer_name = speech_tokenizer or speech_tokenizer_file(self.model_dir)
+        family = frontend_family(self.model_dir)
+        tokenizer_name = family.speech_tokenizer
+        self.instruction, self.marker = family.prompt_instruction, family.prompt_marker
         marker = self.model_dir / "builtin.json"
         self.builtin = json.loads(marker.read_text()) if marker.is_file() else None
         qwen_dir = self.model_dir / "CosyVoice-BlankEN"
@@ -121,8 +126,27 @@ class Frontend:
         out = self.speech_tokenizer.run(None, {ins[0].name: feats, ins[1].name: np.array([feats.shape[2]], np.int32)})
         return out[0].reshape(-1).astype(np.int64)
 
-    def prompt(self, wav: np.ndarray, sr: int, text: str) -> Prompt:
-        """Prompt features with the mel trimmed to exactly 2 frames per prompt token, as CosyVoice2 does."""
+    def instructed(self, prompt_text: str, text: str = "") -> str:
+        """``prompt_text`` with the family's instruction in front when neither it nor ``text`` holds the
+        family's marker (CosyVoice3: ``<|endofprompt|>``); unchanged for a family without one."""
+        if not self.instruction or self.marker in prompt_text or self.marker in text:
+            return prompt_text
+        return self.instruction + prompt_text
+
+    def no_prompt(self, text: str = "") -> Prompt:
+        """The prompt of a request for ``text`` without prompt audio: no speech, and as its text the
+        family's instruction where :meth:`instructed` adds one."""
+        empty = Prompt.empty()
+        instruction = self.instructed("", text)
+        if instruction:
+            empty.text_ids = self.text_ids(instruction)
+        return empty
+
+    def prompt(self, wav: np.ndarray, sr: int, prompt_text: str, text: str = "") -> Prompt:
+        """Prompt features with the mel trimmed to exactly 2 frames per prompt token, as CosyVoice2 does;
+        the prompt text gets the family's instruction unless it or ``text`` (what is to be said) holds
+        the family's marker (:meth:`instructed`)."""
+        text = self.instructed(prompt_text, text)
         wav16k = resample(wav, sr, PROMPT_SR) if sr != PROMPT_SR else wav
         tokens = self.speech_tokens(wav16k)
         mel = mel_spectrogram(resample(wav16k, PROMPT_SR, SAMPLE_RATE), SAMPLE_RATE)
@@ -134,9 +158,9 @@ class Frontend:
     def item_inputs(self, item: Item) -> tuple[np.ndarray, Prompt]:
         """(text ids, prompt) of an eval/calibration item."""
         if item.prompt_wav is None:
-            return self.text_ids(item.text), Prompt.empty()
+            return self.text_ids(item.text), self.no_prompt(item.text)
         wav, sr = read_wav(item.prompt_wav)
-        return self.text_ids(item.text), self.prompt(wav, sr, item.prompt_text)
+        return self.text_ids(item.text), self.prompt(wav, sr, item.prompt_text, item.text)
 
 
 def _clip(text: str, limit: int = 40) -> str:

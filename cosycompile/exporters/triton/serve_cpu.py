@@ -69,7 +69,6 @@ class TritonPythonModel:
 
         from cosycompile.commands.synthesize import split_text
         from cosycompile.exporters.triton.pbcompat import input_array, input_text
-        from cosycompile.runtime.pipeline import Prompt
 
         pb = self.pb
         text = input_text(pb, request, "target_text", self.bytes_ok)
@@ -84,9 +83,9 @@ class TritonPythonModel:
             if length is not None:
                 samples = samples[: int(length)]
             ref_text = input_text(pb, request, "reference_text", self.bytes_ok)
-            prompt = frontend.prompt(samples, PROMPT_SR, ref_text or "")
+            prompt = frontend.prompt(samples, PROMPT_SR, ref_text or "", text)
         else:
-            prompt = Prompt.empty()
+            prompt = frontend.no_prompt(text)
         sampling = self.sampling
         seed = _first(input_array(pb, request, "seed"))
         if seed is not None:

@@ -29,4 +29,8 @@ PLUGIN = FamilyInfo(
     runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
     parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": ".parts:hift_parts"},
     speech_tokenizer=SPEECH_TOKENIZER,
+    # Upstream's examples start every prompt text with this instruction (cosyvoice/cli/frontend.py asserts
+    # the marker is in the text or the prompt text).
+    prompt_instruction="You are a helpful assistant.<|endofprompt|>",
+    prompt_marker="<|endofprompt|>",
 )
