@@ -24,6 +24,10 @@ TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")
 PROGRAM_EXPORT = "cosycompile.stages.common:export_programs"
 STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
 
+# Hooks a step that loads the model reaches through the family's registry entry besides its loader:
+# the stage parts (export, reference, quantizers) and the LM's speech vocabulary (its HF rewrite).
+FAMILY_LM_HOOKS = ("parts", "llm_vocab", "llm_vocab_rows")
+
 
 @dataclass
 class ModelInput:
@@ -115,7 +119,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     family = model.family
     # What every step that loads the model reads through the family's registry entry: the loader and
     # the stage runtimes (a static import walk from the step body cannot see them).
-    family_code = family.code_modules("loader", "runtimes")
+    family_code = family.code_modules("loader", "runtimes", *FAMILY_LM_HOOKS)
     v = recipe.validation
     eval_set = load_dataset(recipe.resolve_path(v.eval_set))
     eval_items = eval_set.head(v.max_items)
@@ -159,7 +163,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         else:
             run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
                                        {"opset": spec.export.opset}, "to ONNX")
-        code += family.code_modules("loader")
+        code += family.code_modules("loader", *FAMILY_LM_HOOKS)
         params = {**params, "family": family.name}
         runtime = typed["runtime"]
         settings = runtime.model_dump(mode="json", exclude_defaults=True) if runtime is not None else {}
@@ -185,7 +189,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         if qinfo is not None:
             quantize = Step(
                 name=f"{name}.quantize", kind=f"quantize.{qinfo.name}", run=lazy(qinfo.ref("quantize")),
-                code=_module_roots(sinfo, "modules"),
+                code=_module_roots(sinfo, "modules") + family.code_modules("loader", *FAMILY_LM_HOOKS),
                 params={"stage": name, "opset": spec.export.opset, "target_kind": target.kind, "family": family.name},
                 spec=qspec, deps={"graphs": unquantized}, tools=qinfo.tools, target=target.name,
                 describe=f"quantize {name} to {qspec.format} with {qinfo.name}",

@@ -56,6 +56,11 @@ class FamilyInfo:
     check_frontend: str = ".layout:check_frontend_models"  # (root): the front end's models parse, pre-flight
     # (model dir or built-in name, stage) -> that network on the meta device (module names, no weights)
     meta_network: str = ".loader:meta_network"
+    # The LM's speech vocabulary as the HF rewrite (stages/llm/hf_rewrite.py) lays it out after the text
+    # ids: (model config) -> its rows, head rows, stop / sos / task_id offsets, token names, text
+    # tokenizer; (loaded LM) -> the embedding rows and the speech head's weight and bias.
+    llm_vocab: str = ".parts:llm_vocab"
+    llm_vocab_rows: str = ".parts:llm_vocab_rows"
     name: str = ""
     package: str = ""
 

@@ -224,3 +224,191 @@ def test_random_05b_logits_and_greedy(tmp_path: Path) -> None:
     print(f"builtin:random-0.5b fp32 max abs logit error: {err:.3g}")
     assert err < 1e-3
     assert _greedy_hf(hf, tmap, text, [], [], 6) == ref_tokens
+
+
+# CosyVoice3: no llm_embedding (sos = S, task_id = S+2 are speech-embedding rows), S+200 head rows
+# without a bias, every id from S on stops. builtin:cv3-tiny: 256 text ids, S = 64.
+CV3_TEXT = [5, 77, 200, 12, 9, 40, 101, 3]
+CV3_PROMPT_TEXT = [33, 44]
+CV3_PROMPT_SPEECH = [10, 20, 63, 3]
+
+
+def _cv3_reference(lm, text, prompt_text=None, prompt_speech=None):
+    """CosyVoice3LM's speech-head logits [S, S_tokens+200] over the prompt (eager attention, FP32)."""
+    with torch.no_grad():
+        emb = lm.prompt_embeddings(torch.tensor([text]), torch.tensor([prompt_text]) if prompt_text else None,
+                                   torch.tensor([prompt_speech]) if prompt_speech else None)
+        return lm.step(emb)[0][0]
+
+
+def _cv3_greedy_reference(lm, text, prompt_text, prompt_speech, max_tokens):
+    """Greedy decoding as upstream's CosyVoice3LM runs it: row S masked before min_len, any of the 200
+    ids from S on stops."""
+    c = lm.cfg
+    min_len, max_len = int(len(text) * c.min_token_text_ratio), min(int(len(text) * c.max_token_text_ratio), max_tokens)
+    emb = lm.prompt_embeddings(torch.tensor([text]), torch.tensor([prompt_text]), torch.tensor([prompt_speech]))
+    out, cache = [], None
+    with torch.no_grad():
+        for i in range(max_len):
+            logits, cache = lm.step(emb, cache)
+            logp = logits[0, -1].log_softmax(-1)
+            if i < min_len:
+                logp = lm.mask_before_min_len(logp)
+            token = int(logp.argmax())
+            if token in lm.stop_token_ids:
+                break
+            out.append(token)
+            emb = lm.speech_embedding.weight[token].reshape(1, 1, -1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cv3(tmp_path_factory: pytest.TempPathFactory):
+    from cosycompile.families.cosyvoice3.loader import init_model as cv3_init, load_models as cv3_load
+
+    model_dir = cv3_init("builtin:cv3-tiny", tmp_path_factory.mktemp("cv3") / "model")
+    models = cv3_load(model_dir, ("llm",))
+    out = model_dir.parent / "hf"
+    meta = write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, out, "float32")
+    return models, out, meta, model_dir
+
+
+def test_cv3_layout_and_token_map(cv3) -> None:
+    models, out, meta, _ = cv3
+    tmap = token_map(models.config, None, "cosyvoice3")
+    S = models.config.lm.speech_token_size
+    assert (tmap.text_vocab, S, tmap.rows, tmap.head_rows) == (256, 64, 264, 264)
+    assert tmap.vocab_size == padded_vocab(256 + 264) == 640 and tmap.family == "cosyvoice3"
+    # sos and task_id are speech-vocabulary ids (rows S and S+2), not ids appended after it.
+    assert (tmap.sos_id, tmap.task_id_id, tmap.eos_id) == (256 + 64, 256 + 66, 256 + 64)
+    assert tmap.stop_ids == list(range(256 + 64, 256 + 264)) and len(tmap.stop_ids) == 200
+    assert meta["token_map"] == tmap.as_json()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["vocab_size"] == 640 and cfg["tie_word_embeddings"] is False and cfg["eos_token_id"] == tmap.stop_ids
+    assert cfg["bos_token_id"] == tmap.sos_id and cfg["auto_map"]["AutoModelForCausalLM"].startswith(MODELING_FILE[:-3])
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == tmap.stop_ids and gen["top_k"] == 25 and gen["top_p"] == 0.8
+    body = json.loads((out / TOKEN_MAP_FILE).read_text())
+    assert body["format"] == "cosyvoice3-hf-rewrite" and body["token_map"]["speech_ids"] == [256, 256 + 264]
+    names = tmap.token_names()
+    assert names[S:S + 4] == ["<|sos|>", "<|eos1|>", "<|task_id|>", "<|fill|>"] and names[S + 4] == f"<|s_{S + 4}|>"
+    from safetensors.torch import load_file
+
+    lm = models.llm
+    prefix = load_file(str(out / PREFIX_FILE))
+    assert torch.equal(prefix["sos"], lm.speech_embedding.weight[lm.sos].detach())
+    assert torch.equal(prefix["task_id"], lm.speech_embedding.weight[lm.task_id].detach())
+    w = load_file(str(out / "model.safetensors"))
+    # Every one of the 200 stop ids: its embedding and head rows are the speech tables' rows, bias 0.
+    assert torch.equal(w["model.embed_tokens.weight"][256:256 + 264], lm.speech_embedding.weight.detach())
+    assert torch.equal(w["lm_head.weight"][256:256 + 264], lm.llm_decoder.weight.detach())
+    assert (w["lm_head.bias"][256:256 + 264] == 0).all() and torch.isneginf(w["lm_head.bias"]).sum().item() == 640 - 264
+    assert torch.equal(w["model.embed_tokens.weight"][:256], lm.qwen.model.embed_tokens.weight.detach())
+
+
+def test_cv3_logits_match_lm_fp32(cv3) -> None:
+    """Raw logits over the 264 speech + stop ids vs ``llm_decoder``'s, prompt as ids and as embeddings."""
+    models, out, _, _ = cv3
+    lm, tmap = models.llm, token_map(models.config, None, "cosyvoice3")
+    ref = _cv3_reference(lm, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH)
+    hf = _load(out)
+    T, n = tmap.text_vocab, tmap.head_rows
+    ids = torch.tensor([tmap.prompt_ids(CV3_PROMPT_TEXT + CV3_TEXT, CV3_PROMPT_SPEECH)])
+    from safetensors.torch import load_file
+
+    with torch.no_grad():
+        logits = hf(input_ids=ids).logits[0]
+        pre = load_file(str(out / PREFIX_FILE))
+        emb = hf.model.embed_tokens(ids)[0]
+        emb[0], emb[len(CV3_PROMPT_TEXT + CV3_TEXT) + 1] = pre["sos"], pre["task_id"]
+        logits_e = hf(inputs_embeds=emb[None]).logits[0]
+    err = (logits[:, T:T + n] - ref).abs().max().item()
+    err_e = (logits_e[:, T:T + n] - ref).abs().max().item()
+    print(f"builtin:cv3-tiny fp32 max abs logit error: ids {err:.3g}, inputs_embeds {err_e:.3g}")
+    assert err < 1e-3 and err_e < 1e-3
+    assert torch.isneginf(logits[:, :T]).all() and torch.isneginf(logits[:, T + n:]).all()
+
+
+def test_cv3_greedy_generate_matches_reference(cv3) -> None:
+    models, out, _, _ = cv3
+    tmap = token_map(models.config, None, "cosyvoice3")
+    ref = _cv3_greedy_reference(models.llm, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH, 40)
+    got = _greedy_hf(_load(out), tmap, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH, 40)
+    assert len(ref) > 0 and got == ref
+
+
+def test_cv3_every_stop_id_ends_generate(cv3) -> None:
+    """Each of the 200 ids from S on, forced as the first new token, ends ``generate`` with the saved
+    generation config (no eos passed in), and only those ids do: the speech id before them does not."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    models, out, _, _ = cv3
+    tmap = token_map(models.config, None, "cosyvoice3")
+    hf = _load(out)
+
+    class Force(LogitsProcessor):
+        def __init__(self, token: int) -> None:
+            self.token = token
+
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, float("-inf"))
+            forced[:, self.token] = 0.0
+            return forced
+
+    ids = torch.tensor([tmap.prompt_ids(CV3_TEXT)])
+    ended = []
+    for token in [tmap.speech_id(tmap.speech_token_size - 1), *tmap.stop_ids]:
+        res = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False,
+                          logits_processor=LogitsProcessorList([Force(token)]))
+        ended.append(res.shape[1] - ids.shape[1] == 1)
+    assert ended == [False] + [True] * 200
+
+
+def test_cv3_bf16_and_detected_family(cv3, tmp_path: Path) -> None:
+    """bf16 keeps the -inf bias; with no family named, the model dir's config file picks CosyVoice3."""
+    models, _, _, model_dir = cv3
+    out = tmp_path / "bf16"
+    meta = write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, out, "bfloat16")
+    assert meta["dtype"] == "bfloat16" and meta["token_map"]["family"] == "cosyvoice3"
+    from safetensors.torch import load_file
+
+    w = load_file(str(out / "model.safetensors"))
+    assert w["lm_head.bias"].dtype == torch.bfloat16 and torch.isneginf(w["lm_head.bias"]).sum().item() == 640 - 264
+    tmap = token_map(models.config, None, "cosyvoice3")
+    with torch.no_grad():
+        logits = _load(out)(input_ids=torch.tensor([tmap.prompt_ids(CV3_TEXT)])).logits[0].float()
+    assert not torch.isnan(logits.log_softmax(-1)).any()
+    err = (logits[:, 256:256 + 264] - _cv3_reference(models.llm, CV3_TEXT)).abs().max().item()
+    print(f"builtin:cv3-tiny bf16 max abs logit error: {err:.3g}")
+    assert err < 0.1
+
+
+def test_cv3_quantized_export(cv3, tmp_path: Path) -> None:
+    """ModelOpt INT8 SmoothQuant of CosyVoice3's LM -> unified HF export of its rewrite: lm_head
+    excluded, holding the bias-free speech head (bias 0) over the 264 rows."""
+    import modelopt.torch.quantization as mtq
+    from safetensors import safe_open
+
+    from cosycompile.quantize.modelopt_torch.quantize import _export_hf, quant_config
+
+    models, _, _, model_dir = cv3
+    lm = copy.deepcopy(models.llm)
+    torch.manual_seed(0)
+    records = [lm.prompt_embeddings(torch.randint(0, 256, (1, 12))) for _ in range(4)]
+
+    def loop(_):
+        with torch.no_grad():
+            for r in records:
+                lm.qwen.model(inputs_embeds=r)
+
+    mtq.quantize(lm.qwen, quant_config({"format": "int8_sq", "method": "max", "alpha": 0.5, "block_size": 128}), loop)
+    out = tmp_path / "hf"
+    meta = _export_hf(copy.deepcopy(lm), models.config, model_dir, out, "cosyvoice3")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_algo"] == "W8A8_SQ_PER_CHANNEL" and "lm_head" in cfg["quantization_config"]["ignore"]
+    assert cfg["vocab_size"] == 640 and meta["token_map"]["stop_ids"] == list(range(320, 520))
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert str(f.get_slice("model.layers.0.self_attn.q_proj.weight").get_dtype()) == "I8"
+        assert torch.equal(f.get_tensor("lm_head.weight")[256:520], lm.llm_decoder.weight.detach())
+        bias = f.get_tensor("lm_head.bias")
+    assert (bias[256:520] == 0).all() and torch.isneginf(bias[:256]).all() and torch.isneginf(bias[520:]).all()

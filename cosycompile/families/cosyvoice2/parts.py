@@ -53,3 +53,41 @@ def hift_parts(models: Any) -> Parts:
             "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1, "istft_hop": c.istft_hop_len,
             "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate, "mel_bins": c.in_channels}
     return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
+
+
+# The special tokens CosyVoice2's front end adds to the Qwen tokenizer before any speech token
+# (upstream's pretrained_to_huggingface.py and cosyvoice/tokenizer/tokenizer.py): they fix the
+# text vocabulary of the HF rewrite (stages/llm/hf_rewrite.py).
+TEXT_SPECIAL_TOKENS: dict[str, Any] = {
+    "eos_token": "<|endoftext|>",
+    "pad_token": "<|endoftext|>",
+    "additional_special_tokens": [
+        "<|im_start|>", "<|im_end|>", "<|endofprompt|>", "[breath]", "<strong>", "</strong>", "[noise]",
+        "[laughter]", "[cough]", "[clucking]", "[accent]", "[quick_breath]", "<laughter>", "</laughter>",
+        "[hissing]", "[sigh]", "[vocalized-noise]", "[lipsmack]", "[mn]"],
+}
+
+
+def llm_vocab(cfg: Any) -> dict[str, Any]:
+    """CosyVoice2's speech vocabulary after the text ids (``FamilyInfo.llm_vocab``), offsets from the
+    first speech id: the S speech tokens, the three stop tokens (``llm_decoder``'s S+3 rows, the first
+    masked before the minimum length), then sos and task_id from ``llm_embedding`` (S+5 rows)."""
+    from . import QWEN_DIR
+
+    S = cfg.speech_token_size
+    return {"speech_token_size": S, "rows": S + 5, "head_rows": S + 3, "stop": [S, S + 1, S + 2], "eos": S,
+            "sos": S + 3, "task_id": S + 4,
+            "names": {S: "<|eos1|>", S + 1: "<|eos2|>", S + 2: "<|eos3|>", S + 3: "<|sos|>", S + 4: "<|task_id|>"},
+            "text_rows": cfg.llm.vocab_size, "tokenizer_dir": QWEN_DIR, "special_tokens": TEXT_SPECIAL_TOKENS,
+            "min_token_text_ratio": cfg.llm.min_token_text_ratio,
+            "max_token_text_ratio": cfg.llm.max_token_text_ratio,
+            "top_p": cfg.llm.sampling.top_p, "top_k": cfg.llm.sampling.top_k}
+
+
+def llm_vocab_rows(lm: Any) -> dict[str, Any]:
+    """The tensors of :func:`llm_vocab`'s rows: the speech embedding then ``llm_embedding`` (sos, task_id),
+    and the speech head (``llm_decoder``, with its bias)."""
+    import torch
+
+    return {"embedding": torch.cat([lm.speech_embedding.weight.detach(), lm.llm_embedding.weight.detach()]),
+            "head_weight": lm.llm_decoder.weight.detach(), "head_bias": lm.llm_decoder.bias.detach()}

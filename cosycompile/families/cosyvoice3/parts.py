@@ -54,3 +54,28 @@ def hift_parts(models: Any) -> Parts:
             "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate,
             "mel_bins": c.in_channels}
     return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
+
+
+def llm_vocab(cfg: Any) -> dict[str, Any]:
+    """CosyVoice3's speech vocabulary after the text ids (``FamilyInfo.llm_vocab``), offsets from the
+    first speech id: ``speech_embedding``'s S + 200 rows, all of them ``llm_decoder``'s; sos S,
+    task_id S+2 (rows of the speech embedding, so the prefix is ids of that vocabulary); every row
+    from S on stops decoding; upstream masks row S (sos) before the minimum length, kept as it runs.
+    Names as upstream's ``convert_cosyvoice3_to_hf.py``: ``<|s_N|>`` but sos, eos1, task_id, fill."""
+    from . import QWEN_DIR
+    from .text_tokens import SPECIAL_TOKENS
+
+    c = cfg.lm
+    S, n = c.speech_token_size, c.speech_token_size + c.extra_speech_rows
+    return {"speech_token_size": S, "rows": n, "head_rows": n, "stop": list(range(S, n)), "eos": S,
+            "sos": S, "task_id": S + 2,
+            "names": {S: "<|sos|>", S + 1: "<|eos1|>", S + 2: "<|task_id|>", S + 3: "<|fill|>"},
+            "text_rows": c.vocab_size, "tokenizer_dir": QWEN_DIR, "special_tokens": SPECIAL_TOKENS,
+            "min_token_text_ratio": c.min_token_text_ratio, "max_token_text_ratio": c.max_token_text_ratio,
+            "top_p": c.sampling.top_p, "top_k": c.sampling.top_k}
+
+
+def llm_vocab_rows(lm: Any) -> dict[str, Any]:
+    """The tensors of :func:`llm_vocab`'s rows: the speech embedding and the speech head (no bias)."""
+    return {"embedding": lm.speech_embedding.weight.detach(), "head_weight": lm.llm_decoder.weight.detach(),
+            "head_bias": None}

@@ -131,9 +131,10 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     meta: dict[str, Any] = {"format": p["format"], "calib_sequences": len(records)}
 
     if "hf" in p["exports"]:
-        meta["hf"] = _export_hf(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "hf")
+        meta["hf"] = _export_hf(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "hf", models.family)
     if "trtllm" in p["exports"]:
-        meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "trtllm")
+        meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "trtllm",
+                                        models.family)
     if "onnx" in p["exports"]:
         meta["onnx"] = _export_onnx(lm, models, p, ctx)
         _, assets, info = stage_parts(models)
@@ -154,15 +155,18 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     return meta
 
 
-def _export_hf(lm: Any, cfg: Any, root: Path, out: Path) -> dict[str, Any]:
-    """ModelOpt unified HF checkpoint of the rewrite of ``lm`` (a quantized copy, rewritten in place)."""
+def _export_hf(lm: Any, cfg: Any, root: Path, out: Path, family: str | None = None) -> dict[str, Any]:
+    """ModelOpt unified HF checkpoint of the rewrite of ``lm`` (a quantized copy, rewritten in place);
+    ``family`` None: the model dir's."""
     import torch
     from modelopt.torch.export import export_hf_checkpoint
 
+    from cosycompile.families import detect_family
     from cosycompile.stages.llm.hf_rewrite import finish_dir, rewrite_model, text_tokenizer, token_map
 
-    tokenizer = text_tokenizer(root)
-    tmap = token_map(cfg, tokenizer)
+    family = family or detect_family(root).name
+    tokenizer = text_tokenizer(root, cfg, family)
+    tmap = token_map(cfg, tokenizer, family)
     model = rewrite_model(lm, tmap)
     out.mkdir(parents=True)
     export_hf_checkpoint(model, dtype=getattr(torch, _CHECKPOINT_DTYPE), export_dir=str(out))
@@ -197,14 +201,16 @@ def _exclude_lm_head(out: Path) -> None:
         hf_quant_path.write_text(json.dumps(hq, indent=2, sort_keys=True))
 
 
-def _export_trtllm(lm: Any, cfg: Any, root: Path, out: Path) -> dict[str, Any]:
+def _export_trtllm(lm: Any, cfg: Any, root: Path, out: Path, family: str | None = None) -> dict[str, Any]:
     """TensorRT-LLM checkpoint of the rewrite of ``lm`` (for ``trtllm-build``, TensorRT-LLM <= 1.2)."""
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
+    from cosycompile.families import detect_family
     from cosycompile.stages.llm.hf_rewrite import TOKEN_MAP_FILE, rewrite_model, text_tokenizer, token_map
 
-    tmap = token_map(cfg, text_tokenizer(root))
+    family = family or detect_family(root).name
+    tmap = token_map(cfg, text_tokenizer(root, cfg, family), family)
     model = rewrite_model(lm, tmap)
     out.mkdir(parents=True)
     export_tensorrt_llm_checkpoint(model, decoder_type="qwen", dtype=getattr(torch, _CHECKPOINT_DTYPE),
