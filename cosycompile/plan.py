@@ -303,7 +303,7 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
         deps={"graphs": graphs}, tools=info.tools, target=target,
         describe=f"build the {stage} {fmt} engine with {info.name}",
         preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
-        blocked=_build_blocker(info, TARGETS[target]) if info.build_problem else None,
+        blocked=_build_blocker(info, TARGETS[target], options) if info.build_problem else None,
     )
 
 
@@ -365,12 +365,12 @@ def _unavailable_preflight(stage: str, info: Any) -> Callable[[], None]:
     return check
 
 
-def _build_blocker(info: Any, target: Any) -> Callable[[], str | None]:
+def _build_blocker(info: Any, target: Any, options: Any = None) -> Callable[[], str | None]:
     """Why this machine cannot build the engine (its builder is missing): the build then runs every
     other step and leaves this one to a machine that has it."""
 
     def why() -> str | None:
-        problem = info.build_problem(target)
+        problem = info.build_problem(target, options)
         return f"backend '{info.name}': {problem}" if problem else None
 
     return why

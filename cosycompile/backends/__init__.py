@@ -37,8 +37,9 @@ class BackendInfo:
     check_target: Callable[[Target], str | None] | None = None
     unavailable: str | None = None  # why this version of cosycompile cannot build with it at all
     # Why this machine cannot build with it (its builder is not installed), checked before any step
-    # runs; called lazily so that validating a recipe imports nothing heavy.
-    build_problem: Callable[[Target], str | None] | None = None
+    # runs; called lazily so that validating a recipe imports nothing heavy. (target, the engine's
+    # options or None) -> the reason or None; the options name which builder a backend uses.
+    build_problem: Callable[[Target, Any], str | None] | None = None
     # Why engines built for ``target`` cannot run on this machine (no GPU, another compute capability);
     # the build then ends "built, not validated here" instead of running the checks.
     run_problem: Callable[[Target], str | None] | None = None

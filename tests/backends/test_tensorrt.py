@@ -221,6 +221,13 @@ def test_build_and_run_problems_here(tmp_path: Path, monkeypatch: pytest.MonkeyP
     if HAVE_RTX and importlib.util.find_spec("tensorrt") is None:
         assert trt_backend.build_problem(TARGETS["rtx4090"]) is None  # TensorRT-RTX compiles sm89 without a GPU
         assert "sm90" in trt_backend.build_problem(TARGETS["h100"])
+        # With the engine's options only the builder its flavour picks counts: auto is TensorRT for a
+        # data-center sm89 target (the L20), so TensorRT-RTX alone leaves that engine to another machine.
+        Opts = trt_backend.Options
+        assert trt_backend.build_problem(TARGETS["rtx4090"], Opts()) is None
+        assert "flavour rtx would" in trt_backend.build_problem(TARGETS["l20"], Opts())
+        assert trt_backend.build_problem(TARGETS["l20"], Opts(flavour="rtx")) is None
+        assert "TensorRT is not installed" in trt_backend.build_problem(TARGETS["rtx4090"], Opts(flavour="tensorrt"))
     # A machine with an L40S: sm89 engines run (if a runtime is installed); sm90 ones do not.
     gpu = tmp_path / "gpus" / "0000:01:00.0"
     gpu.mkdir(parents=True)

@@ -132,18 +132,30 @@ def check_format(stage: str, fmt: str, options: Any, opset: int) -> tuple[str, s
     return None
 
 
-def build_problem(target: Target) -> str | None:
-    """Why no TensorRT builder can build for ``target`` on this machine, or None."""
-    if installed("tensorrt") and gpu_models():
+def build_problem(target: Target, options: Any = None) -> str | None:
+    """Why no TensorRT builder can build for ``target`` on this machine, or None. With the engine's
+    ``options``, only the builder its flavour picks counts (``auto``: TensorRT-RTX for an RTX-class
+    target only, so a data-center sm89 target such as the L20 needs TensorRT even where
+    TensorRT-RTX is installed)."""
+    flavour = getattr(options, "flavour", None)
+    if flavour is not None:
+        flavour = resolve_flavour(flavour, target)
+    can_trt = installed("tensorrt") and bool(gpu_models())
+    can_rtx = installed("rtx") and target.sm in RTX_SMS
+    if (can_trt and flavour in (None, "tensorrt")) or (can_rtx and flavour in (None, "rtx")):
         return None
-    if installed("rtx") and target.sm in RTX_SMS:
-        return None
-    why = ["TensorRT is not installed (module 'tensorrt')" if not installed("tensorrt")
-           else "TensorRT builds on the GPU it builds for and this machine has none"]
-    if target.sm not in RTX_SMS:
-        why.append(f"TensorRT-RTX has no {target.sm_tag} kernels")
-    elif not installed("rtx"):
-        why.append("TensorRT-RTX is not installed (module 'tensorrt_rtx', pip install 'cosycompile[rtx]')")
+    why = []
+    if flavour in (None, "tensorrt"):
+        why.append("TensorRT is not installed (module 'tensorrt')" if not installed("tensorrt")
+                   else "TensorRT builds on the GPU it builds for and this machine has none")
+    if flavour in (None, "rtx"):
+        if target.sm not in RTX_SMS:
+            why.append(f"TensorRT-RTX has no {target.sm_tag} kernels")
+        elif not installed("rtx"):
+            why.append("TensorRT-RTX is not installed (module 'tensorrt_rtx', pip install 'cosycompile[rtx]')")
+    elif target.sm in RTX_SMS and installed("rtx"):
+        why.append(f"flavour '{options.flavour}' builds target '{target.name}' with TensorRT, not with the "
+                   "TensorRT-RTX installed here (flavour rtx would)")
     return "; ".join(why)
 
 

@@ -53,7 +53,7 @@ def _torch_cuda() -> str | None:
     return None
 
 
-def build_problem(target: Target) -> str | None:
+def build_problem(target: Target, options: Any = None) -> str | None:
     """Why this machine cannot compile for ``target``: CUDA packages need the GPU they run on."""
     if target.kind == "cpu":
         return None

@@ -26,7 +26,7 @@ from __future__ import annotations
 import shutil
 from importlib import metadata
 from importlib.util import find_spec
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,7 +78,7 @@ def flow(v: str) -> str:
     return "llmapi" if version_tuple(v) >= LLM_API_ONLY else "legacy"
 
 
-def build_problem(target: Target) -> str | None:
+def build_problem(target: Target, options: Any = None) -> str | None:
     """Why TensorRT-LLM cannot build here: not installed (the fix named), or ``trtllm-build`` missing."""
     v = version()
     if v is None or find_spec("tensorrt_llm") is None:
