@@ -79,7 +79,10 @@ def main() -> int:
                          capture_output=True, text=True, cwd=REPO)
     if res.returncode not in (0, 1):
         sys.exit(f"build failed:\n{res.stderr[-3000:]}")
-    bundle = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")).split(": ", 1)[1])
+    line = next((ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")), None)
+    if line is None:
+        sys.exit(f"build wrote no bundle (exit {res.returncode}):\n{res.stdout[-2000:]}\n{res.stderr[-3000:]}")
+    bundle = Path(line.split(": ", 1)[1])
     report = json.loads((bundle / "report.json").read_text())
     speed, checks = report["speed"], report["checks"]
     out = {"machine": machine(),
