@@ -58,7 +58,7 @@ class FlowRuntimeSettings(BaseModel):
 
 PLUGIN = StageInfo(
     order=1,
-    summary="flow encoder + CFM estimator (1-D UNet, batch 2 for CFG)",
+    summary="flow encoder + CFM estimator (the family's UNet or DiT, batch 2 for CFG)",
     graphs=(FLOW_ENCODER, FLOW_ESTIMATOR),
     check_spec=FlowCheck,
     metrics=(
