@@ -103,3 +103,30 @@ def tritonserver(repo: Path, work: Path, ready_s: float = 180) -> Iterator[dict[
                 proc.kill()
                 proc.wait(timeout=30)
         log.close()
+
+
+def cv3_network_greedy(lm: Any, text: Any, prompt_text: Any, prompt_speech: Any, max_tokens: int) -> list[int]:
+    """Greedy decoding written against CosyVoice3's LM network as upstream's ``CosyVoice3LM`` runs it:
+    prefill, then one token at a time; row S masked before ``min_len`` (text length times the config's
+    ratio), any of the 200 ids from S on stops; at most ``max_tokens`` (and the config's maximum)."""
+    import torch
+
+    c = lm.cfg
+    n = len(text)
+    min_len, max_len = int(n * c.min_token_text_ratio), min(int(n * c.max_token_text_ratio), max_tokens)
+    as_batch = lambda ids: torch.as_tensor(ids, dtype=torch.int64).reshape(1, -1)  # noqa: E731
+    emb = lm.prompt_embeddings(as_batch(text), as_batch(prompt_text), as_batch(prompt_speech))
+    out: list[int] = []
+    cache = None
+    with torch.inference_mode():
+        for i in range(max_len):
+            logits, cache = lm.step(emb, cache)
+            logp = logits[0, -1].double().log_softmax(-1)
+            if i < min_len:
+                logp = lm.mask_before_min_len(logp)
+            token = int(logp.argmax())
+            if token in lm.stop_token_ids:
+                break
+            out.append(token)
+            emb = lm.speech_embedding.weight[token].reshape(1, 1, -1)
+    return out

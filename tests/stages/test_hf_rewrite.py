@@ -14,6 +14,7 @@ import torch
 from cosycompile.families.cosyvoice2.loader import init_model, load_models
 from cosycompile.stages.llm.hf_rewrite import (MODELING_FILE, PREFIX_FILE, TOKEN_MAP_FILE, padded_vocab, token_map,
                                               write_hf_rewrite)
+from helpers import cv3_network_greedy
 
 TEXT = [5, 77, 300, 12, 9, 40, 101]
 PROMPT_TEXT = [33, 44]
@@ -241,27 +242,6 @@ def _cv3_reference(lm, text, prompt_text=None, prompt_speech=None):
         return lm.step(emb)[0][0]
 
 
-def _cv3_greedy_reference(lm, text, prompt_text, prompt_speech, max_tokens):
-    """Greedy decoding as upstream's CosyVoice3LM runs it: row S masked before min_len, any of the 200
-    ids from S on stops."""
-    c = lm.cfg
-    min_len, max_len = int(len(text) * c.min_token_text_ratio), min(int(len(text) * c.max_token_text_ratio), max_tokens)
-    emb = lm.prompt_embeddings(torch.tensor([text]), torch.tensor([prompt_text]), torch.tensor([prompt_speech]))
-    out, cache = [], None
-    with torch.no_grad():
-        for i in range(max_len):
-            logits, cache = lm.step(emb, cache)
-            logp = logits[0, -1].log_softmax(-1)
-            if i < min_len:
-                logp = lm.mask_before_min_len(logp)
-            token = int(logp.argmax())
-            if token in lm.stop_token_ids:
-                break
-            out.append(token)
-            emb = lm.speech_embedding.weight[token].reshape(1, 1, -1)
-    return out
-
-
 @pytest.fixture(scope="module")
 def cv3(tmp_path_factory: pytest.TempPathFactory):
     from cosycompile.families.cosyvoice3.loader import init_model as cv3_init, load_models as cv3_load
@@ -332,7 +312,7 @@ def test_cv3_logits_match_lm_fp32(cv3) -> None:
 def test_cv3_greedy_generate_matches_reference(cv3) -> None:
     models, out, _, _ = cv3
     tmap = token_map(models.config, None, "cosyvoice3")
-    ref = _cv3_greedy_reference(models.llm, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH, 40)
+    ref = cv3_network_greedy(models.llm, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH, 40)
     got = _greedy_hf(_load(out), tmap, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH, 40)
     assert len(ref) > 0 and got == ref
 

@@ -20,6 +20,7 @@ from cosycompile.runtime.sampling import Sampling
 from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
 from cosycompile.stages.hift import HIFT
 from cosycompile.stages.llm import LLM_STEP
+from helpers import cv3_network_greedy
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -85,23 +86,7 @@ def test_lm_prefix_and_stop_ids_are_cosyvoice3s(models: Any, prompt: Prompt) -> 
 
 
 def _network_greedy(lm: nn.Module, text: np.ndarray, prompt: Prompt, max_tokens: int) -> list[int]:
-    """The decode loop written against the network: prefill, one token at a time, upstream's masking and stops."""
-    embeds = lm.prompt_embeddings(torch.from_numpy(text)[None], torch.from_numpy(prompt.text_ids)[None],
-                                  torch.from_numpy(prompt.speech_tokens)[None])
-    out: list[int] = []
-    cache = None
-    with torch.inference_mode():
-        for i in range(max_tokens):
-            logits, cache = lm.step(embeds, cache)
-            logp = logits[0, -1].double().log_softmax(-1)
-            if i < 2 * len(text):
-                logp = lm.mask_before_min_len(logp)
-            tok = int(logp.argmax())
-            if tok in lm.stop_token_ids:
-                break
-            out.append(tok)
-            embeds = lm.speech_embedding.weight[tok].reshape(1, 1, -1)
-    return out
+    return cv3_network_greedy(lm, text, prompt.text_ids, prompt.speech_tokens, max_tokens)
 
 
 def test_lm_greedy_decode_equals_the_networks(models: Any, prompt: Prompt) -> None:
