@@ -38,6 +38,20 @@ def _load(out: Path):
     return AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True).eval()
 
 
+def _logits_by_ids_and_embeds(hf, out: Path, tmap, text: list[int], prompt_speech: list[int]):
+    """The rewrite's logits of ``[sos | text | task_id | prompt speech]`` given as ids, and the same prompt
+    from the prefix embeddings file (what a server with inputs_embeds would build)."""
+    from safetensors.torch import load_file
+
+    ids = torch.tensor([tmap.prompt_ids(text, prompt_speech)])
+    with torch.no_grad():
+        logits = hf(input_ids=ids).logits[0]
+        pre = load_file(str(out / PREFIX_FILE))
+        emb = hf.model.embed_tokens(ids)[0]
+        emb[0], emb[len(text) + 1] = pre["sos"], pre["task_id"]
+        return logits, hf(inputs_embeds=emb[None]).logits[0]
+
+
 def _greedy_hf(hf, tmap, text, prompt_text, prompt_speech, max_tokens):
     """CosyVoice2's greedy decoding through ``generate``: only eos1 is masked before min_len
     (upstream masks the end token alone), and any of the three stop ids ends the sequence."""
@@ -69,7 +83,7 @@ def tiny(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_layout_and_token_map(tiny) -> None:
     models, out, meta = tiny
     cfg = json.loads((out / "config.json").read_text())
-    tmap = token_map(models.config, None)
+    tmap = token_map(models.config, None, "cosyvoice2")
     # builtin:tiny: the stand-in tokenizer spans the config's 512 ids, then 6561 speech + 3 stop + sos + task_id.
     assert tmap.text_vocab == 512 and tmap.vocab_size == padded_vocab(512 + 6566) == 7168
     assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["vocab_size"] == 7168
@@ -92,20 +106,11 @@ def test_layout_and_token_map(tiny) -> None:
 def test_logits_match_qwen2lm_fp32(tiny) -> None:
     """Raw logits over the 6564 speech + stop ids vs ``llm_decoder``'s, prompt as ids and as embeddings."""
     models, out, _ = tiny
-    lm, tmap = models.llm, token_map(models.config, None)
+    lm, tmap = models.llm, token_map(models.config, None, "cosyvoice2")
     ref = _reference(lm, TEXT, PROMPT_TEXT, PROMPT_SPEECH)
     hf = _load(out)
     T, n = tmap.text_vocab, tmap.speech_token_size + 3
-    ids = torch.tensor([tmap.prompt_ids(PROMPT_TEXT + TEXT, PROMPT_SPEECH)])
-    with torch.no_grad():
-        logits = hf(input_ids=ids).logits[0]
-        # The same prompt from the prefix embeddings (what a server with inputs_embeds would build).
-        from safetensors.torch import load_file
-
-        pre = load_file(str(out / PREFIX_FILE))
-        emb = hf.model.embed_tokens(ids)[0]
-        emb[0], emb[len(PROMPT_TEXT + TEXT) + 1] = pre["sos"], pre["task_id"]
-        logits_e = hf(inputs_embeds=emb[None]).logits[0]
+    logits, logits_e = _logits_by_ids_and_embeds(hf, out, tmap, PROMPT_TEXT + TEXT, PROMPT_SPEECH)
     err = (logits[:, T:T + n] - ref).abs().max().item()
     err_e = (logits_e[:, T:T + n] - ref).abs().max().item()
     print(f"builtin:tiny fp32 max abs logit error: ids {err:.3g}, inputs_embeds {err_e:.3g}")
@@ -115,7 +120,7 @@ def test_logits_match_qwen2lm_fp32(tiny) -> None:
 
 def test_greedy_generate_matches_reference(tiny) -> None:
     models, out, _ = tiny
-    tmap = token_map(models.config, None)
+    tmap = token_map(models.config, None, "cosyvoice2")
     ref = models.llm.inference(torch.tensor([TEXT]), torch.tensor([PROMPT_TEXT]), torch.tensor([PROMPT_SPEECH]),
                                sampling="greedy", max_tokens=40)
     got = _greedy_hf(_load(out), tmap, TEXT, PROMPT_TEXT, PROMPT_SPEECH, 40)
@@ -128,7 +133,7 @@ def test_stock_qwen2_drops_the_head_bias(tiny) -> None:
     from transformers import Qwen2ForCausalLM
 
     models, out, _ = tiny
-    tmap = token_map(models.config, None)
+    tmap = token_map(models.config, None, "cosyvoice2")
     stock = Qwen2ForCausalLM.from_pretrained(str(out)).eval()
     assert stock.lm_head.bias is None
     ids = torch.tensor([tmap.prompt_ids(TEXT)])
@@ -150,7 +155,7 @@ def test_bf16_keeps_inf_bias(tiny, tmp_path: Path, tiny_model_dir: Path) -> None
 
     w = load_file(str(out / "model.safetensors"))
     assert w["lm_head.bias"].dtype == torch.bfloat16 and torch.isneginf(w["lm_head.bias"]).sum().item() == 7168 - 6564
-    tmap = token_map(models.config, None)
+    tmap = token_map(models.config, None, "cosyvoice2")
     hf = _load(out)
     ids = torch.tensor([tmap.prompt_ids(TEXT)])
     with torch.no_grad():
@@ -209,7 +214,7 @@ def test_random_05b_logits_and_greedy(tmp_path: Path) -> None:
     """The full-size body (0.5B, vocab 151,936 + 6,566 -> 158,592): a few tokens only."""
     model_dir = init_model("builtin:random-0.5b", tmp_path / "model")
     models = load_models(model_dir, ("llm",))
-    tmap = token_map(models.config, None)
+    tmap = token_map(models.config, None, "cosyvoice2")
     assert tmap.text_vocab == 151936 and tmap.vocab_size == 158592
     text = TEXT[:4]
     ref_logits = _reference(models.llm, text)
@@ -293,15 +298,7 @@ def test_cv3_logits_match_lm_fp32(cv3) -> None:
     ref = _cv3_reference(lm, CV3_TEXT, CV3_PROMPT_TEXT, CV3_PROMPT_SPEECH)
     hf = _load(out)
     T, n = tmap.text_vocab, tmap.head_rows
-    ids = torch.tensor([tmap.prompt_ids(CV3_PROMPT_TEXT + CV3_TEXT, CV3_PROMPT_SPEECH)])
-    from safetensors.torch import load_file
-
-    with torch.no_grad():
-        logits = hf(input_ids=ids).logits[0]
-        pre = load_file(str(out / PREFIX_FILE))
-        emb = hf.model.embed_tokens(ids)[0]
-        emb[0], emb[len(CV3_PROMPT_TEXT + CV3_TEXT) + 1] = pre["sos"], pre["task_id"]
-        logits_e = hf(inputs_embeds=emb[None]).logits[0]
+    logits, logits_e = _logits_by_ids_and_embeds(hf, out, tmap, CV3_PROMPT_TEXT + CV3_TEXT, CV3_PROMPT_SPEECH)
     err = (logits[:, T:T + n] - ref).abs().max().item()
     err_e = (logits_e[:, T:T + n] - ref).abs().max().item()
     print(f"builtin:cv3-tiny fp32 max abs logit error: ids {err:.3g}, inputs_embeds {err_e:.3g}")

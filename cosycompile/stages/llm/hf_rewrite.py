@@ -112,18 +112,13 @@ def padded_vocab(n: int, multiple: int = PAD_MULTIPLE) -> int:
 
 
 def _family(family: str | None, model_dir: Path | None = None) -> Any:
-    """The registry entry of ``family``; None: the model dir's (by its config file), else CosyVoice2
-    (what every caller meant before the rewrite served other families)."""
-    from cosycompile.families import LEGACY_FAMILY, detect_family, get_family
+    """The registry entry of ``family``; None: the family of ``model_dir`` (by its config file)."""
+    from cosycompile.families import detect_family, get_family
 
-    if family is not None:
-        return get_family(family)
-    if model_dir is not None:
-        return detect_family(model_dir)
-    return get_family(LEGACY_FAMILY)
+    return get_family(family) if family is not None else detect_family(model_dir)
 
 
-def speech_vocab(cfg: Any, family: str | None = None) -> dict[str, Any]:
+def speech_vocab(cfg: Any, family: str) -> dict[str, Any]:
     """The family's speech vocabulary of model config ``cfg`` (``FamilyInfo.llm_vocab``)."""
     return _family(family).hook("llm_vocab")(cfg)
 
@@ -141,9 +136,8 @@ def text_tokenizer(model_dir: Path, cfg: Any, family: str | None = None) -> Any 
     return tok
 
 
-def token_map(cfg: Any, tokenizer: Any | None, family: str | None = None) -> TokenMap:
-    """The merged vocabulary of model config ``cfg`` with ``tokenizer`` (None: built-in) for ``family``
-    (None: CosyVoice2)."""
+def token_map(cfg: Any, tokenizer: Any | None, family: str) -> TokenMap:
+    """The merged vocabulary of model config ``cfg`` with ``tokenizer`` (None: built-in) for ``family``."""
     fam = _family(family)
     v = fam.hook("llm_vocab")(cfg)
     vocab = v["text_rows"]
