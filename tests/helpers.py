@@ -130,3 +130,34 @@ def cv3_network_greedy(lm: Any, text: Any, prompt_text: Any, prompt_speech: Any,
             out.append(token)
             emb = lm.speech_embedding.weight[token].reshape(1, 1, -1)
     return out
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    """The single stderr line of a refused command (exit 2), asserted to be exactly one line."""
+    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cosycompile: error: "), res.stderr
+    return lines[0]
+
+
+def parse_model_config(path: Path) -> Any:
+    """A ``config.pbtxt`` parsed with Triton's own ``ModelConfig`` proto."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+
+
+def config_tensors(parsed: Any) -> dict[str, tuple[str, list[int], bool]]:
+    """name -> (Triton data type, dims, optional) of a parsed config's inputs and outputs."""
+    from tritonclient.grpc import model_config_pb2
+
+    return {t.name: (model_config_pb2.DataType.Name(t.data_type), list(t.dims), bool(getattr(t, "optional", False)))
+            for t in [*parsed.input, *parsed.output]}
+
+
+def instance_kind(group: Any) -> str:
+    """``KIND_CPU`` / ``KIND_GPU`` of a parsed instance group."""
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)

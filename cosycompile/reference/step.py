@@ -18,7 +18,9 @@ import numpy as np
 
 from cosycompile.core.graph import StepContext
 
-FIRST_CHUNK_TOKENS = 25 + 3  # CosyVoice2 streaming: first hop of 25 tokens plus 3 look-ahead tokens
+# Streaming's first chunk in upstream's cli/model.py, the same for CosyVoice2 and CosyVoice3: a hop of
+# 25 tokens plus the flow's 3 look-ahead tokens (pre_lookahead_len), 2 mel frames per token.
+FIRST_CHUNK_TOKENS = 25 + 3
 
 
 def run(ctx: StepContext) -> dict[str, Any]:

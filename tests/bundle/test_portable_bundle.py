@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import EVAL_SET, REPO, run_cli, write_recipe
+from helpers import EVAL_SET, REPO, one_line_error, run_cli, write_recipe
 
 # Runs the CLI in-process so the test can see what it imported (a bundle server has no torch).
 _PROBE = ("import sys\nfrom cosycompile.cli import main\nrc = main(sys.argv[1:])\n"
@@ -28,14 +28,6 @@ _PROBE = ("import sys\nfrom cosycompile.cli import main\nrc = main(sys.argv[1:])
 def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd, env={**os.environ, **(env or {})},
                           capture_output=True, text=True, timeout=600)
-
-
-def _one_line_error(res: subprocess.CompletedProcess) -> str:
-    """The single stderr line of a refused command (exit 2), asserted to be exactly one line."""
-    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cosycompile: error: "), res.stderr
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +107,7 @@ def test_pack_is_deterministic_and_refuses_a_damaged_bundle(build: dict[str, Pat
     target = damaged / "engines" / "hift" / "hift.onnx"
     target.write_bytes(target.read_bytes()[:-10])  # truncated
     out = tmp_path / "damaged.tar.gz"
-    line = _one_line_error(run_cli("pack", str(damaged), "-o", str(out)))
+    line = one_line_error(run_cli("pack", str(damaged), "-o", str(out)))
     assert "hift.onnx" in line and "digest mismatch" in line
     assert not out.exists() and not list(tmp_path.glob(".damaged.tar.gz*"))
 
@@ -150,7 +142,7 @@ def test_unpack_refuses_unsafe_members(tmp_path: Path, member: tarfile.TarInfo, 
     dest = tmp_path / "out"
     if dest_exists:
         dest.mkdir()
-    line = _one_line_error(run_cli("unpack", str(archive), str(dest)))
+    line = one_line_error(run_cli("unpack", str(archive), str(dest)))
     assert why in line, line
     assert (not dest.exists()) if not dest_exists else not any(dest.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["evil.tar.gz"] + (["out"] if dest_exists else []))
@@ -166,7 +158,7 @@ def test_unpack_refuses_a_file_not_in_the_manifest(build: dict[str, Path], tmp_p
         extra.size = 4
         dst.addfile(extra, io.BytesIO(b"evil"))
     dest = tmp_path / "out"
-    line = _one_line_error(run_cli("unpack", str(archive), str(dest)))
+    line = one_line_error(run_cli("unpack", str(archive), str(dest)))
     assert "extra.onnx" in line and "not in its manifest.json" in line
     assert not dest.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["extra.tar.gz"]
 
@@ -178,7 +170,7 @@ def test_flipped_engine_byte_is_refused_at_load(build: dict[str, Path], tmp_path
     data[len(data) // 2] ^= 0x01
     engine.write_bytes(bytes(data))
     res = _cli("synthesize", str(bundle), "--text", "Hello there.", "--out", str(tmp_path / "o.wav"), cwd=tmp_path)
-    line = _one_line_error(res)
+    line = one_line_error(res)
     assert str(engine) in line and "digest mismatch" in line and "cosycompile build" in line
     assert not (tmp_path / "o.wav").exists()
 
@@ -192,12 +184,12 @@ def test_passport_for_another_gpu_is_refused(build: dict[str, Path], tmp_path: P
     # CUDA_VISIBLE_DEVICES="" hides any GPU, so the test says the same on a machine that has one.
     res = _cli("synthesize", str(bundle), "--text", "Hello there.", "--out", str(tmp_path / "o.wav"), cwd=tmp_path,
                env={"CUDA_VISIBLE_DEVICES": ""})
-    line = _one_line_error(res)
+    line = one_line_error(res)
     assert "built for sm90" in line and "no NVIDIA GPU" in line and "rebuild with: cosycompile build" in line
 
 
 def test_whitespace_text_is_refused(build: dict[str, Path], tmp_path: Path) -> None:
-    line = _one_line_error(run_cli("synthesize", str(build["unpacked"]), "--text", " \n\t ", "--out",
+    line = one_line_error(run_cli("synthesize", str(build["unpacked"]), "--text", " \n\t ", "--out",
                                    str(tmp_path / "o.wav")))
     assert "empty or whitespace" in line
     assert not (tmp_path / "o.wav").exists()

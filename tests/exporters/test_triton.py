@@ -1,9 +1,8 @@
-"""Triton model repositories of bundles: a real tritonserver serves a CPU bundle; GPU configs parse.
+"""Triton model repositories of CPU bundles: a real tritonserver serves one (GPU layout: test_triton_gpu.py).
 
 One build of recipes/cpu-int8.yaml on builtin:tiny with ``exports: [bundle, triton]`` serves the
 CPU tests; the server (tritonserver 2.51 from the nvidia-pytriton wheel, python backend, no GPU)
-runs once per module on free loopback ports and is stopped by its fixture's finaliser. The GPU
-layout is checked on a bundle made here from the real manifest and passport schema (nothing runs).
+runs once per module on free loopback ports and is stopped by its fixture's finaliser.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -19,42 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from helpers import REPO, run_cli, tritonserver, write_recipe
+from helpers import (REPO, config_tensors, instance_kind, one_line_error, parse_model_config, run_cli,
+                     tritonserver, write_recipe)
 
 pytestmark = pytest.mark.slow
 
 # Long enough for two text pieces (80 English-character equivalents each), so streaming sends two responses.
 TEXT = ("Hello there, this is the first sentence of a small test for the Triton server. "
         "And here is a second sentence, which the server streams on its own.")
-
-
-def _one_line_error(res: subprocess.CompletedProcess) -> str:
-    assert res.returncode == 2, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cosycompile: error: "), res.stderr
-    return lines[0]
-
-
-def _parse(path: Path) -> Any:
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
-
-
-def _tensors(parsed: Any) -> dict[str, tuple[str, list[int], bool]]:
-    from tritonclient.grpc import model_config_pb2
-
-    out = {}
-    for t in [*parsed.input, *parsed.output]:
-        out[t.name] = (model_config_pb2.DataType.Name(t.data_type), list(t.dims), bool(getattr(t, "optional", False)))
-    return out
-
-
-def _kind(group: Any) -> str:
-    from tritonclient.grpc import model_config_pb2
-
-    return model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
 
 
 def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
@@ -129,9 +99,9 @@ def test_cli_writes_the_same_configs_and_refuses_bad_input(build: dict[str, Path
     assert res.returncode == 0, res.stderr
     for model in ("cosyvoice2", "cosyvoice2_offline"):
         assert (out / model / "config.pbtxt").read_text() == (build["repo"] / model / "config.pbtxt").read_text()
-    assert "non-empty" not in _one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(out)))
-    assert "not a bundle folder" in _one_line_error(run_cli("triton", str(tmp_path / "nope"), "--out", str(tmp_path / "r")))
-    assert "--instances 0" in _one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(tmp_path / "r"),
+    assert "non-empty" not in one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(out)))
+    assert "not a bundle folder" in one_line_error(run_cli("triton", str(tmp_path / "nope"), "--out", str(tmp_path / "r")))
+    assert "--instances 0" in one_line_error(run_cli("triton", str(build["bundle"]), "--out", str(tmp_path / "r"),
                                                       "--instances", "0"))
     assert not (tmp_path / "r").exists()
     help_text = run_cli("triton", "--help").stdout
@@ -141,13 +111,13 @@ def test_cli_writes_the_same_configs_and_refuses_bad_input(build: dict[str, Path
 def test_cpu_configs_parse_and_match_the_bundle(build: dict[str, Path]) -> None:
     recipe = json.loads((build["bundle"] / "recipe.json").read_text())
     for model, decoupled in (("cosyvoice2", True), ("cosyvoice2_offline", False)):
-        cfg = _parse(build["repo"] / model / "config.pbtxt")
+        cfg = parse_model_config(build["repo"] / model / "config.pbtxt")
         assert cfg.name == model and cfg.backend == "python" and cfg.max_batch_size == 1
         assert cfg.model_transaction_policy.decoupled is decoupled
-        assert [(_kind(g), g.count) for g in cfg.instance_group] == [("KIND_CPU", 1)]
+        assert [(instance_kind(g), g.count) for g in cfg.instance_group] == [("KIND_CPU", 1)]
         assert cfg.parameters["threads"].string_value == str(recipe["validation"]["speed"]["threads"])
         assert cfg.parameters["bundle_key"].string_value == json.loads((build["bundle"] / "manifest.json").read_text())["key"]
-        tensors = _tensors(cfg)
+        tensors = config_tensors(cfg)
         assert tensors["target_text"] == ("TYPE_STRING", [1], True)
         assert tensors["target_text_utf8"] == ("TYPE_UINT8", [-1], True)
         assert tensors["reference_wav"] == ("TYPE_FP32", [-1], True)
@@ -222,100 +192,3 @@ def test_server_stops(server: dict[str, Any]) -> None:
 
 
 # ---- GPU layout: a bundle with the real manifest / passport schema, TensorRT and TensorRT-LLM engines faked.
-
-GPU_INFO = {"mel_bins": 80, "spk_embed_dim": 192, "harmonics": 9, "samples_per_frame": 480, "n_freq": 9}
-
-
-def _gpu_bundle(root: Path, trtllm_version: str = "1.2.0") -> Path:
-    from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
-    from cosycompile.stages.hift import HIFT
-
-    bundle = root / "builds" / "l20-int8-0123456789ab"
-    graphs = {"flow": (FLOW_ENCODER, FLOW_ESTIMATOR), "hift": (HIFT,)}
-    for stage, specs in graphs.items():
-        d = bundle / "engines" / stage
-        d.mkdir(parents=True)
-        described = {g.name: g.describe(GPU_INFO) for g in specs}
-        for g in specs:
-            (d / f"{g.name}.plan").write_bytes(b"not a real plan " + g.name.encode())
-        (d / "graphs.json").write_text(json.dumps({"stage": stage, "graphs": {
-            n: {"file": f"{n}.plan", "inputs": [t["name"] for t in s["inputs"]],
-                "outputs": [t["name"] for t in s["outputs"]], "spec": s} for n, s in described.items()},
-            "assets": {"rand_noise": "rand_noise.npy"} if stage == "flow" else {}, "info": GPU_INFO}))
-        if stage == "flow":
-            np.save(d / "rand_noise.npy", np.zeros((1, 80, 100), np.float32))
-        (d / "engine.json").write_text(json.dumps({"backend": "tensorrt", "target": "l20", "compute_capability": "sm89",
-                                                   "precision": "int8", "options": {}, "graphs": described}))
-    llm = bundle / "engines" / "llm"
-    llm.mkdir(parents=True)
-    # The layout backends/trtllm writes for TensorRT-LLM <= 1.2: trtllm-build's output under engine_dir.
-    (llm / "engine").mkdir()
-    (llm / "engine" / "rank0.engine").write_bytes(b"not a real engine")
-    (llm / "engine" / "config.json").write_text("{}")
-    (llm / "engine.json").write_text(json.dumps({"backend": "trtllm", "target": "l20", "compute_capability": "sm89",
-                                                 "precision": "int8_sq", "tensorrt_llm": trtllm_version,
-                                                 "engine_dir": "engine", "options": {"max_batch_size": 16},
-                                                 "graphs": {}}))
-    (bundle / "frontend" / "CosyVoice-BlankEN").mkdir(parents=True)
-    for rel in ("frontend/campplus.onnx", "frontend/speech_tokenizer_v2.onnx", "frontend/builtin.json",
-                "frontend/CosyVoice-BlankEN/config.json"):
-        (bundle / rel).write_text("{}")
-    (bundle / "recipe.json").write_text(json.dumps({"name": "l20-int8", "validation": {
-        "sampling": {"mode": "ras", "seed": 0, "top_p": 0.8, "top_k": 25}, "speed": {"threads": 2}}}))
-    files = {str(p.relative_to(bundle)): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in bundle.rglob("*") if p.is_file()}
-    (bundle / "manifest.json").write_text(json.dumps({
-        "schema": 2, "recipe": "l20-int8", "key": "0123456789ab" + "0" * 52, "frontend": "frontend",
-        "stages": {"llm": {"backend": "trtllm", "precision": "int8_sq"},
-                   "flow": {"backend": "tensorrt", "precision": "int8"},
-                   "hift": {"backend": "tensorrt", "precision": "fp16"}},
-        "files": files}))
-    return bundle
-
-
-@pytest.mark.parametrize("llm_url", [None, "http://127.0.0.1:8100"])
-def test_gpu_configs_parse_and_match_the_passports(tmp_path: Path, llm_url: str | None) -> None:
-    bundle = _gpu_bundle(tmp_path)
-    out = tmp_path / "repo"
-    res = run_cli("triton", str(bundle), "--out", str(out), *(["--llm-url", llm_url] if llm_url else []))
-    assert res.returncode == 0, res.stderr
-    info = json.loads((out / "repository.json").read_text())
-    assert info["layout"] == "gpu"
-    expected = {"cosyvoice2", "cosyvoice2_offline", "audio_tokenizer", "speaker_embedding", "token2wav",
-                "flow_encoder", "flow_estimator", "vocoder"} | (set() if llm_url else {"tensorrt_llm"})
-    assert set(info["models"]) == expected == {p.parent.name for p in out.glob("*/config.pbtxt")}
-    parsed = {m: _parse(out / m / "config.pbtxt") for m in expected}
-    assert all(parsed[m].name == m for m in expected)
-    passports = {s: json.loads((bundle / "engines" / s / "engine.json").read_text()) for s in ("flow", "hift")}
-    for model, (stage, graph) in {"flow_encoder": ("flow", "flow_encoder"), "flow_estimator": ("flow", "flow_estimator"),
-                                  "vocoder": ("hift", "hift")}.items():
-        cfg, spec = parsed[model], passports[stage]["graphs"][graph]
-        assert cfg.platform == "tensorrt_plan" and _kind(cfg.instance_group[0]) == "KIND_GPU"
-        assert (out / model / "1" / cfg.default_model_filename).read_bytes() == \
-            (bundle / "engines" / stage / f"{graph}.plan").read_bytes()
-        want = {t["name"]: (f"TYPE_{ {'float32': 'FP32', 'int64': 'INT64'}[t['dtype']]}",
-                            [d if isinstance(d, int) else -1 for d in t["shape"]], False)
-                for t in [*spec["inputs"], *spec["outputs"]]}
-        assert _tensors(cfg) == want
-    assert parsed["cosyvoice2"].model_transaction_policy.decoupled
-    assert not parsed["cosyvoice2_offline"].model_transaction_policy.decoupled
-    assert parsed["cosyvoice2"].parameters["llm"].string_value == ("trtllm-serve" if llm_url else "tensorrt_llm")
-    assert parsed["cosyvoice2"].parameters["llm_url"].string_value == (llm_url or "")
-    assert _tensors(parsed["speaker_embedding"])["prompt_spk_embedding"] == ("TYPE_FP32", [192], False)
-    assert _tensors(parsed["token2wav"])["prompt_speech_feat"] == ("TYPE_FP32", [80, -1], True)
-    assert (out / "token2wav" / "1" / "flow" / "rand_noise.npy").is_file()
-    assert not list((out / "token2wav").rglob("*.plan"))
-    if not llm_url:
-        trt = parsed["tensorrt_llm"]
-        assert trt.backend == "tensorrtllm" and trt.max_batch_size == 16 and trt.model_transaction_policy.decoupled
-        engine = Path(trt.parameters["gpt_model_path"].string_value)
-        assert engine == out.resolve() / "tensorrt_llm" / "1" / "engine" / "engine" and (engine / "rank0.engine").is_file()
-    for model in ("cosyvoice2", "audio_tokenizer", "speaker_embedding", "token2wav"):
-        compile((out / model / "1" / "model.py").read_text(), model, "exec")
-
-
-def test_gpu_bundle_with_newer_trtllm_needs_a_url(tmp_path: Path) -> None:
-    bundle = _gpu_bundle(tmp_path, trtllm_version="1.3.0")
-    line = _one_line_error(run_cli("triton", str(bundle), "--out", str(tmp_path / "repo")))
-    assert "--llm-url" in line and "1.3" in line
-    assert not (tmp_path / "repo").exists()

@@ -12,8 +12,6 @@ from cosycompile.exporters.triton.config import ModelConfig, TensorConfig
 from cosycompile.exporters.triton.repository import RepoOptions, Writer
 from cosycompile.exporters.triton.shim import model_py
 
-# The names of a CosyVoice2 bundle's models (the GPU layout's too); see model_names().
-STREAMING, OFFLINE = "cosyvoice2", "cosyvoice2_offline"
 SERVE_MODULE = "cosycompile.exporters.triton.serve_cpu"
 
 # CosyVoice's runtime contract (runtime/triton_trtllm cosyvoice2 model), plus an optional seed.

@@ -2,15 +2,18 @@
 
 | model | kind | what |
 |---|---|---|
-| ``cosyvoice2`` / ``cosyvoice2_offline`` | python BLS, KIND_CPU | text pieces -> LLM -> ``token2wav``; decoupled / plain |
+| ``<family>`` / ``<family>_offline`` | python BLS, KIND_CPU | text pieces -> LLM -> ``token2wav``; decoupled / plain |
 | ``audio_tokenizer`` | python, KIND_CPU | prompt wav -> speech tokens (the bundle's front-end ONNX) |
 | ``speaker_embedding`` | python, KIND_CPU | prompt wav -> x-vector (the bundle's front-end ONNX) |
 | ``token2wav`` | python BLS, KIND_CPU | tokens -> mel (CFM loop in numpy) -> wav (iSTFT in numpy) |
 | ``flow_encoder`` / ``flow_estimator`` / ``vocoder`` | tensorrt_plan, KIND_GPU | the bundle's TensorRT engines |
 | ``tensorrt_llm`` | tensorrtllm, decoupled | the TensorRT-LLM engine (TensorRT-LLM <= 1.2); or a trtllm-serve URL |
 
-Configs come from the engines' passports (graph specs: names, dtypes, shapes), the flow stage's
-``graphs.json`` info (mel bins, x-vector size), the LLM passport's options and the recipe.
+The front models are named after the bundle's family (``cosyvoice2``, ``cosyvoice3``, as upstream's
+repositories for each). Configs come from the engines' passports (graph specs: names, dtypes, shapes),
+the flow and HiFT stages' ``graphs.json`` info (mel bins, x-vector size, sample rate), the LLM
+passport's options and the recipe; the LM's vocabulary (prompt, speech and stop ids) from the token
+map its HF rewrite wrote (``cosycompile_llm.json``), linked into the front models.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 from cosycompile.errors import UserError
 from cosycompile.exporters.triton.config import ModelConfig, TensorConfig, spec_dims
-from cosycompile.exporters.triton.cpu import INPUTS, OFFLINE, OUTPUTS, STREAMING
+from cosycompile.exporters.triton.cpu import INPUTS, OUTPUTS, model_names
 from cosycompile.exporters.triton.repository import RepoOptions, Writer
 from cosycompile.exporters.triton.shim import model_py
 
@@ -30,6 +33,7 @@ PLAN_SUFFIX = ".plan"  # cosycompile.backends.tensorrt.build.PLAN_SUFFIX (not im
 TRT_MODELS = {"flow_encoder": ("flow", "flow_encoder"), "flow_estimator": ("flow", "flow_estimator"),
               "vocoder": ("hift", "hift")}
 LAST_TRITON_TRTLLM = (1, 2)  # newest TensorRT-LLM with a Triton tensorrtllm backend
+TOKEN_MAP = "cosycompile_llm.json"  # cosycompile.stages.llm.hf_rewrite.TOKEN_MAP_FILE (not imported: it loads torch)
 WAV_INPUTS = [TensorConfig("reference_wav", "float32", (-1,)), TensorConfig("reference_wav_len", "int32", (1,))]
 
 
@@ -67,6 +71,8 @@ def trtllm_config(passport: dict[str, Any], engine_dir: Path) -> ModelConfig:
         ("end_id", "int32"), ("pad_id", "int32"), ("streaming", "bool"), ("runtime_top_k", "int32"),
         ("runtime_top_p", "float32"), ("temperature", "float32"), ("repetition_penalty", "float32"),
         ("random_seed", "uint64"))]
+    # CosyVoice3 stops on any of 200 ids, more than one end_id says: the front model sends them all.
+    inputs.append(TensorConfig("stop_words_list", "int32", (2, -1), optional=True))
     outputs = [TensorConfig("output_ids", "int32", (-1, -1)), TensorConfig("sequence_length", "int32", (-1,))]
     params = {"gpt_model_type": "inflight_fused_batching", "gpt_model_path": str(engine_dir),
               "batching_strategy": "inflight_fused_batching", "max_tokens_in_paged_kv_cache": "2560",
@@ -77,26 +83,42 @@ def trtllm_config(passport: dict[str, Any], engine_dir: Path) -> ModelConfig:
                        decoupled=True, parameters=params)
 
 
+def token_map_file(w: Writer, passport: dict[str, Any]) -> str:
+    """The bundle-relative path of the LM's token map: beside a TensorRT-LLM <= 1.2 engine, or in the
+    checkpoint a >= 1.3 engine dir serves from."""
+    candidates = [f"engines/llm/{TOKEN_MAP}"]
+    if passport.get("checkpoint"):
+        candidates.append(f"engines/llm/{passport['checkpoint']}/{TOKEN_MAP}")
+    found = next((c for c in candidates if (w.bundle / c).is_file()), None)
+    if found is None:
+        raise UserError(f"{w.bundle / candidates[0]}: missing; the GPU layout reads the LM's prompt, speech and stop "
+                        "ids from the token map of its HF rewrite (rebuild the bundle with this cosycompile)")
+    return found
+
+
 def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelConfig, str]]:
     """Every model's config with its role, from the bundle's passports and recipe."""
     from cosycompile.commands.synthesize import recipe_sampling
 
     passports = {s: _json(w, f"engines/{s}/engine.json") for s in ("llm", "flow", "hift")}
     info = _json(w, "engines/flow/graphs.json").get("info") or {}
+    hift_info = _json(w, "engines/hift/graphs.json").get("info") or {}
     mel_bins, spk = int(info.get("mel_bins", 80)), int(info.get("spk_embed_dim", 192))
+    token_map_file(w, passports["llm"])
     llm_version = _trtllm_version(passports["llm"])
     if options.llm_url is None and llm_version is not None and llm_version > LAST_TRITON_TRTLLM:
         raise UserError(f"{w.bundle / 'engines/llm/engine.json'}: TensorRT-LLM {'.'.join(map(str, llm_version))} has "
                         f"no Triton tensorrtllm backend (last: 1.2); serve the LLM with trtllm-serve and pass --llm-url")
     sampling = recipe_sampling(w.recipe)
-    bls = {"frontend": "frontend", "max_chars": str(options.max_chars), "sample_rate": "24000",
+    bls = {"frontend": "frontend", "max_chars": str(options.max_chars), "token_map": TOKEN_MAP,
+           "sample_rate": str(int(hift_info.get("sample_rate", 24000))),
            "llm": "trtllm-serve" if options.llm_url else "tensorrt_llm", "llm_url": options.llm_url or "",
            "top_k": str(sampling.top_k), "top_p": str(sampling.top_p), "max_tokens": str(sampling.max_tokens or 0),
            "bundle_key": str(w.manifest.get("key", ""))}
     configs = [(ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                             instance_count=options.instances, decoupled=dec, parameters=dict(bls)),
                 "text -> waveform (BLS), " + ("streaming per text piece" if dec else "offline"))
-               for name, dec in ((STREAMING, True), (OFFLINE, False))]
+               for name, dec in zip(model_names(w.manifest), (True, False))]
     configs.append((ModelConfig("audio_tokenizer", list(WAV_INPUTS), [TensorConfig("prompt_speech_tokens", "int64",
                                 (-1,))], backend="python", instance_count=options.instances,
                                 parameters={"frontend": "frontend"}), "prompt wav -> speech tokens"))
@@ -127,16 +149,19 @@ def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelC
 
 def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
     """Write every model (config, model.py, engines, front end) and return the README text."""
-    classes = {STREAMING: "CosyVoice2", OFFLINE: "CosyVoice2", "audio_tokenizer": "AudioTokenizer",
+    front = model_names(w.manifest)
+    classes = {front[0]: "TextToWave", front[1]: "TextToWave", "audio_tokenizer": "AudioTokenizer",
                "speaker_embedding": "SpeakerEmbedding", "token2wav": "Token2Wav"}
+    token_map = token_map_file(w, _json(w, "engines/llm/engine.json"))
     for cfg, role in gpu_configs(w, options, out):
         w.config(cfg, role)
         if cfg.name in classes:
             w.text(f"{cfg.name}/1/model.py", model_py(cfg.name, SERVE_MODULE, classes[cfg.name]))
-        if cfg.name in (STREAMING, OFFLINE, "audio_tokenizer", "speaker_embedding"):
+        if cfg.name in (*front, "audio_tokenizer", "speaker_embedding"):
             w.link_tree("frontend", f"{cfg.name}/1/frontend")
-        if cfg.name in (STREAMING, OFFLINE):
+        if cfg.name in front:
             w.link("recipe.json", f"{cfg.name}/1/recipe.json")
+            w.link(token_map, f"{cfg.name}/1/{TOKEN_MAP}")
         if cfg.name == "token2wav":
             for stage in ("flow", "hift"):  # graphs.json (runtime info) and numpy assets; the engines are models
                 w.link_tree(f"engines/{stage}", f"token2wav/1/{stage}", skip=(PLAN_SUFFIX, "engine.json"))
@@ -150,7 +175,8 @@ def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
 
 def readme(w: Writer, options: RepoOptions, out: Path) -> str:
     """How to serve the GPU repository."""
-    llm = (f"The LM is served by trtllm-serve at `{options.llm_url}` (parameter `llm_url` of `{STREAMING}`)."
+    streaming, offline = model_names(w.manifest)
+    llm = (f"The LM is served by trtllm-serve at `{options.llm_url}` (parameter `llm_url` of `{streaming}`)."
            if options.llm_url else
            f"`tensorrt_llm/config.pbtxt` names its engine by absolute path (`gpt_model_path`, as Triton's "
            f"tensorrtllm backend requires): `{out.resolve() / 'tensorrt_llm' / '1' / 'engine'}`. After moving "
@@ -160,10 +186,12 @@ def readme(w: Writer, options: RepoOptions, out: Path) -> str:
 Written by `cosycompile triton` from recipe `{w.manifest.get('recipe')}` (bundle key `{w.manifest.get('key')}`),
 in the shape of CosyVoice's `runtime/triton_trtllm`. Models: {', '.join(f'`{m}`' for m in w.models)}.
 
-- `{STREAMING}` (decoupled: one `waveform` response per text piece) and `{OFFLINE}` (one response) are python
-  BLS models: text pieces -> token ids (the bundle's front end) -> LM -> `token2wav`; a prompt goes through
-  `audio_tokenizer` and `speaker_embedding`. Inputs and outputs are those of the CPU layout
-  (`target_text` or `target_text_utf8`, optional prompt inputs and `seed`; `waveform` at 24 kHz).
+- `{streaming}` (decoupled: one `waveform` response per text piece) and `{offline}` (one response) are python
+  BLS models: text pieces -> token ids (the bundle's front end; the family's instruction before the prompt
+  text where it has one) -> LM -> `token2wav`; a prompt goes through `audio_tokenizer` and
+  `speaker_embedding`. The LM's prompt, speech and stop ids are those of `{TOKEN_MAP}` beside their
+  `model.py`. Inputs and outputs are those of the CPU layout (`target_text` or `target_text_utf8`, optional
+  prompt inputs and `seed`; `waveform` at the vocoder's sample rate).
 - `token2wav` runs the CFM loop and the iSTFT in numpy (cosycompile's runtime) and calls the TensorRT
   engines `flow_encoder`, `flow_estimator` and `vocoder` (HiFT up to the iSTFT) as `tensorrt_plan` models.
 - {llm}

@@ -1,11 +1,11 @@
 """Python models of the GPU layout (see :mod:`.gpu`); they run in Triton's python stub.
 
-The control flow is cosycompile's runtime: the model family's flow and HiFT runtimes (CosyVoice2's
-:class:`~cosycompile.families.cosyvoice2.runtimes.FlowRuntime` and ``HiFTRuntime``) over
-:class:`BlsRunner`s, which run a graph as a BLS request to its ``tensorrt_plan`` model. The LM
-runs in the ``tensorrt_llm`` model or behind a trtllm-serve URL; its vocabulary is CosyVoice2's
-HF-format LLM (speech token s = id 151663 + s).
-Not exercised on a GPU by the tests (no GPU where they run); they check the configs.
+The control flow is cosycompile's runtime: the model family's flow and HiFT runtimes (chosen by the
+engines' ``graphs.json`` info) over :class:`BlsRunner`s, which run a graph as a BLS request to its
+``tensorrt_plan`` model. The LM runs in the ``tensorrt_llm`` model or behind a trtllm-serve URL; its
+vocabulary is the bundle's HF rewrite's (:class:`ServedVocab`, read from its token map).
+Not exercised on a GPU by the tests (no GPU where they run); they check the configs and the LM
+requests the front model sends.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import re
 import urllib.request
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -21,9 +22,59 @@ import numpy as np
 from cosycompile.exporters.triton.pbcompat import input_array, input_text, numpy_bridge_ok, output_tensor, patch_stub
 from cosycompile.exporters.triton.serve_cpu import PROMPT_SR, model_parameters
 
-SPEECH_OFFSET = 151663  # first speech token id of the HF-format CosyVoice2 LLM
-SPEECH_TOKENS = 6561  # <|s_0|> .. <|s_6560|>; then eos1..eos3, sos, task_id
-SOS, TASK_ID = SPEECH_OFFSET + SPEECH_TOKENS + 3, SPEECH_OFFSET + SPEECH_TOKENS + 4
+
+
+@dataclass(frozen=True)
+class ServedVocab:
+    """The LM's ids as a server sees them, from the ``token_map`` of ``cosycompile_llm.json``
+    (:meth:`cosycompile.stages.llm.hf_rewrite.TokenMap.as_json`)."""
+
+    speech_offset: int  # id of speech token 0
+    speech_token_size: int
+    sos_id: int
+    task_id_id: int
+    eos_id: int
+    stop_ids: tuple[int, ...]
+
+    @classmethod
+    def read(cls, path: Path) -> "ServedVocab":
+        """The vocabulary in a token map file; ValueError naming the file when it is not one."""
+        try:
+            t = json.loads(path.read_text())["token_map"]
+            return cls(int(t["speech_offset"]), int(t["speech_token_size"]), int(t["sos_id"]), int(t["task_id_id"]),
+                       int(t["eos_id"]), tuple(int(i) for i in t["stop_ids"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a cosycompile token map ({exc.__class__.__name__}: {exc})") from None
+
+    def prompt_ids(self, text_ids: list[int], prompt_speech: list[int]) -> list[int]:
+        """``[sos | prompt text + text | task_id | prompt speech]``, as the HF rewrite's LM reads it."""
+        return [self.sos_id, *text_ids, self.task_id_id, *(self.speech_offset + int(t) for t in prompt_speech)]
+
+    def speech_tokens(self, ids: np.ndarray) -> np.ndarray:
+        """Speech tokens of generated ids: up to the first stop id, text ids (if any) dropped."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        stops = np.flatnonzero(np.isin(ids, self.stop_ids))
+        got = (ids[: stops[0]] if len(stops) else ids) - self.speech_offset
+        return got[(got >= 0) & (got < self.speech_token_size)]
+
+    def stop_words(self) -> np.ndarray:
+        """TensorRT-LLM's ``stop_words_list`` of the stop ids, one single-id word each: [1, 2, n] (ids; end offsets)."""
+        n = len(self.stop_ids)
+        return np.array([[list(self.stop_ids), list(range(1, n + 1))]], np.int32)
+
+
+def trtllm_feeds(vocab: ServedVocab, ids: list[int], limit: int, top_k: int, top_p: float, seed: int) -> dict[str, np.ndarray]:
+    """The ``tensorrt_llm`` model's inputs for one prompt (batch 1)."""
+    return {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+            "request_output_len": np.array([[limit]], np.int32), "end_id": np.array([[vocab.eos_id]], np.int32),
+            "stop_words_list": vocab.stop_words(), "runtime_top_k": np.array([[top_k]], np.int32),
+            "runtime_top_p": np.array([[top_p]], np.float32), "random_seed": np.array([[seed]], np.uint64)}
+
+
+def completion_body(vocab: ServedVocab, ids: list[int], limit: int, top_k: int, top_p: float, seed: int) -> dict[str, Any]:
+    """A ``/v1/completions`` request for trtllm-serve (or any OpenAI-style server) with a token-id prompt."""
+    return {"prompt": ids, "max_tokens": limit, "top_p": top_p, "top_k": top_k, "seed": seed, "temperature": 1.0,
+            "stop_token_ids": list(vocab.stop_ids)}
 
 
 class BlsRunner:
@@ -138,7 +189,7 @@ class Token2Wav(_Base):
         return self._answer(requests, self._wav)
 
 
-class CosyVoice2(_Base):
+class TextToWave(_Base):
     """Text -> waveform: front end, LM (tensorrt_llm or trtllm-serve), token2wav; streams per text piece."""
 
     def initialize(self, args: dict[str, Any]) -> None:
@@ -146,6 +197,8 @@ class CosyVoice2(_Base):
         from cosycompile.commands.synthesize import recipe_sampling
 
         self.frontend = self._frontend()
+        self.vocab = ServedVocab.read(self.dir / self.params.get("token_map", "cosycompile_llm.json"))
+        self.sample_rate = int(self.params.get("sample_rate") or 24000)
         self.sampling = recipe_sampling(json.loads((self.dir / "recipe.json").read_text()))
         self.max_chars = int(self.params.get("max_chars") or 80)
 
@@ -159,7 +212,7 @@ class CosyVoice2(_Base):
         feeds = {"reference_wav": wav, "reference_wav_len": np.array([len(wav)], np.int32)}
         tokens = BlsRunner(self.pb, "audio_tokenizer", list(feeds), ["prompt_speech_tokens"]).run(feeds)
         emb = BlsRunner(self.pb, "speaker_embedding", list(feeds), ["prompt_spk_embedding"]).run(feeds)
-        mel = mel_spectrogram(resample(wav, PROMPT_SR, 24000), 24000)
+        mel = mel_spectrogram(resample(wav, PROMPT_SR, self.sample_rate), self.sample_rate)
         n = min(mel.shape[1] // 2, len(tokens["prompt_speech_tokens"]))
         return {"prompt_speech_tokens": tokens["prompt_speech_tokens"][:n],
                 "prompt_speech_feat": np.ascontiguousarray(mel[:, : 2 * n], np.float32), **emb}
@@ -168,21 +221,21 @@ class CosyVoice2(_Base):
         """Speech tokens for prompt ids ``ids`` from the LM."""
         s, limit = self.sampling, int(self.params.get("max_tokens") or 0) or 20 * len(ids)
         if self.params.get("llm") == "trtllm-serve":
-            body = {"prompt": ids, "max_tokens": limit, "top_p": s.top_p, "top_k": s.top_k, "seed": seed,
-                    "temperature": 1.0, "stop_token_ids": list(range(SPEECH_OFFSET + SPEECH_TOKENS, SOS))}
+            body = completion_body(self.vocab, ids, limit, s.top_k, s.top_p, seed)
             req = urllib.request.Request(self.params["llm_url"].rstrip("/") + "/v1/completions",
                                          json.dumps(body).encode(), {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=600) as f:
                 text = json.loads(f.read())["choices"][0]["text"]
             return np.array([int(m) for m in re.findall(r"<\|s_(\d+)\|>", text)], np.int64)
-        feeds = {"input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
-                 "request_output_len": np.array([[limit]], np.int32),
-                 "end_id": np.array([[SPEECH_OFFSET + SPEECH_TOKENS]], np.int32),
-                 "runtime_top_k": np.array([[s.top_k]], np.int32), "runtime_top_p": np.array([[s.top_p]], np.float32),
-                 "random_seed": np.array([[seed]], np.uint64)}
+        feeds = trtllm_feeds(self.vocab, ids, limit, s.top_k, s.top_p, seed)
         out = BlsRunner(self.pb, "tensorrt_llm", list(feeds), ["output_ids", "sequence_length"]).run(feeds)
-        got = out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])] - SPEECH_OFFSET
-        return got[(got >= 0) & (got < SPEECH_TOKENS)].astype(np.int64)
+        return self.vocab.speech_tokens(out["output_ids"].reshape(-1)[: int(out["sequence_length"].reshape(-1)[0])])
+
+    def prompt_text_ids(self, ref_text: str, text: str) -> list[int]:
+        """Ids of the prompt text, behind the family's instruction where the front end adds one
+        (CosyVoice3), as the bundle's own runtime composes them."""
+        composed = self.frontend.instructed(ref_text, text)
+        return [int(i) for i in self.frontend.text_ids(composed)] if composed.strip() else []
 
     def _waves(self, request: Any) -> Iterator[np.ndarray]:
         from cosycompile.commands.synthesize import split_text
@@ -191,13 +244,12 @@ class CosyVoice2(_Base):
         if text is None or not text.strip():
             raise ValueError("target_text (or target_text_utf8): missing or empty")
         prompt = self._prompt(request)
-        ref_text = input_text(self.pb, request, "reference_text", self.bytes_ok) or ""
-        ref_ids = [int(i) for i in self.frontend.text_ids(ref_text)] if ref_text.strip() else []
+        ref_ids = self.prompt_text_ids(input_text(self.pb, request, "reference_text", self.bytes_ok) or "", text)
         seed_in = input_array(self.pb, request, "seed")
         seed = int(seed_in.reshape(-1)[0]) if seed_in is not None else self.sampling.seed
-        ptok = [int(t) + SPEECH_OFFSET for t in prompt.get("prompt_speech_tokens", [])]
+        ptok = [int(t) for t in prompt.get("prompt_speech_tokens", [])]
         for k, piece in enumerate(split_text(text, self.max_chars)):
-            ids = [SOS, *ref_ids, *(int(i) for i in self.frontend.text_ids(piece)), TASK_ID, *ptok]
+            ids = self.vocab.prompt_ids([*ref_ids, *(int(i) for i in self.frontend.text_ids(piece))], ptok)
             feeds = {"target_speech_tokens": self._llm(ids, seed + k), "seed": np.array([seed + k], np.int64), **prompt}
             yield BlsRunner(self.pb, "token2wav", list(feeds), ["waveform"]).run(feeds)["waveform"].reshape(-1)
 
