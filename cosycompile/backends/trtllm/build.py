@@ -135,9 +135,9 @@ def _convert_checkpoint(hf: Path, dst: Path, dtype: str) -> None:
     import torch
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    from cosycompile.stages.llm.hf_modeling import CosyVoice2LMForCausalLM
+    from cosycompile.stages.llm.hf_modeling import CosyVoiceLMForCausalLM
 
-    model = CosyVoice2LMForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
+    model = CosyVoiceLMForCausalLM.from_pretrained(str(hf), dtype=torch.float32).eval()
     dst.mkdir(parents=True)
     export_tensorrt_llm_checkpoint(model, decoder_type="qwen", dtype=getattr(torch, dtype), export_dir=str(dst),
                                    inference_tensor_parallel=1)

@@ -19,7 +19,7 @@ out as CosyVoice's ``examples/grpo/cosyvoice2/pretrained_to_huggingface.py`` (Co
   bf16 both store ``-inf``).
 
 No stock Qwen2 implementation applies an lm_head bias (see :mod:`.hf_modeling`): the dir ships
-``modeling_cosyvoice2_lm.py`` (the same file for every family) for transformers
+``modeling_cosyvoice_lm.py`` (the same file for every family) for transformers
 (``trust_remote_code=True``) and records in ``cosycompile_llm.json`` that a stock loader drops the bias.
 This module imports no family: what is a family's own comes through its registry entry.
 """
@@ -36,8 +36,8 @@ from cosycompile.core.graph import StepContext
 from cosycompile.errors import ModelError
 
 CHECKPOINT_DIR = "hf"  # where export and quantize steps put the rewrite inside their output
-MODELING_FILE = "modeling_cosyvoice2_lm.py"
-MODEL_CLASS = "CosyVoice2LMForCausalLM"
+MODELING_FILE = "modeling_cosyvoice_lm.py"
+MODEL_CLASS = "CosyVoiceLMForCausalLM"
 TOKEN_MAP_FILE = "cosycompile_llm.json"
 PREFIX_FILE = "prefix_embeddings.safetensors"
 PAD_MULTIPLE = 128
