@@ -49,7 +49,8 @@ def load_state(path: Path, mmap: bool = False) -> Any:
 
 
 def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -> None:
-    """A one-line :class:`ModelError` naming ``path`` and a key unless ``sd`` has exactly ``own``'s keys and shapes."""
+    """A one-line :class:`ModelError` naming ``path`` and a key unless ``sd`` has exactly ``own``'s keys and
+    shapes, floating tensors where ``own`` has them, and no NaN or Inf."""
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ModelError(f"{path}: expected a state dict of tensors")
     missing = [k for k in own if k not in sd]
@@ -66,6 +67,16 @@ def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -
         k = bad[0]
         raise ModelError(f"{path}: shape mismatch for {len(bad)} tensors, e.g. {k}: checkpoint "
                          f"{tuple(sd[k].shape)} vs network {tuple(own[k].shape)}")
+    # Integer-truncated weights load without complaint and a NaN weight gives NaN everywhere, which
+    # later comparisons read as "no error": both are refused here, at the pre-flight.
+    kind = [k for k in own if own[k].is_floating_point() != sd[k].is_floating_point()]
+    if kind:
+        k = kind[0]
+        raise ModelError(f"{path}: {k} is {str(sd[k].dtype).removeprefix('torch.')}; the {stage} network's is "
+                         f"{str(own[k].dtype).removeprefix('torch.')}")
+    for k, v in sd.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise ModelError(f"{path}: {k} holds NaN or Inf weights")
 
 
 Normalize = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]

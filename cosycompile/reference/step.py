@@ -12,6 +12,7 @@ the PyTorch reference once. Outputs (the step's data dir)::
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ def run(ctx: StepContext) -> dict[str, Any]:
     extra = {"speech_token_size": runtimes["llm"].speech_token_size}
     for name, sinfo in ctx.progress(list(stage_infos().items()), desc="stage references"):
         arrays = sinfo.hook("reference")(runtimes[name], inputs, p["checks"][name], {**p, **extra})
-        np.savez(ctx.out / f"{name}.npz", **arrays)
+        save_finite(ctx.out / f"{name}.npz", arrays)
     pipe = Pipeline(runtimes)
     sampling = Sampling(**p["sampling"])
     arrays, seconds = {}, []
@@ -47,12 +48,25 @@ def run(ctx: StepContext) -> dict[str, Any]:
         syn = pipe.synthesize(text_ids, prompt, sampling, seed=n)
         arrays.update({f"tokens.{n}": syn.tokens, f"mel.{n}": syn.mel, f"wav.{n}": syn.wav})
         seconds.append(syn.seconds)
-    np.savez(ctx.out / "pipeline.npz", **arrays)
+    save_finite(ctx.out / "pipeline.npz", arrays)
     # Timed only for recipes that compare speed with a cached reference timing (the key says so).
     timing = (reference_timing(pipe, inputs[0], sampling, p["speed"], arrays["tokens.0"], arrays["mel.0"])
               if inputs and p.get("speed") else {})
     (ctx.out / "timing.json").write_text(json.dumps(timing, indent=1, sort_keys=True))
     return {"items": len(inputs), "synthesis_seconds": seconds}
+
+
+def save_finite(path: Path, arrays: dict[str, Any]) -> None:
+    """``np.savez`` of reference arrays, refusing (ModelError, nothing written) any that holds NaN or Inf:
+    every later build compares with these, and NaN compares as no error."""
+    from cosycompile.errors import ModelError
+
+    for name, value in arrays.items():
+        a = np.asarray(value)
+        if a.dtype.kind in "fc" and not np.isfinite(a).all():
+            raise ModelError(f"reference: '{name}' of {path.name} holds NaN or Inf; the model's FP32 output is not "
+                             "a reference (check its weights and the eval prompts)")
+    np.savez(path, **arrays)
 
 
 def workloads(pipe: Any, first: tuple[np.ndarray, Any], sampling: Any, tokens: np.ndarray,

@@ -33,6 +33,8 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_ITEM_WEIGHT = 400
 PIECE_WEIGHT = 300
 MAX_PROMPT_SECONDS = 30.0  # CosyVoice's speech tokenizer takes prompts of up to 30 s
+# Prompt rates read: telephone audio up to studio masters (a 1 Hz header would resample to nonsense).
+MIN_PROMPT_RATE, MAX_PROMPT_RATE = 8000, 192000
 
 
 @dataclass(frozen=True)
@@ -143,31 +145,43 @@ def speakable(text: str) -> bool:
 
 
 def read_wav(path: Path) -> tuple[np.ndarray, int]:
-    """Mono float32 audio and its sample rate; unreadable audio is a DataError naming the file."""
+    """Mono float32 audio and its sample rate, any container soundfile reads; a DataError naming the
+    file for unreadable audio, no samples, a rate outside 8-192 kHz, more than 30 s (from the header,
+    before a sample is read) or a NaN / Inf sample."""
+    import numpy as np
     import soundfile as sf
 
     try:
-        wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
+        info = sf.info(str(path))
     except Exception as exc:  # soundfile raises several types for bad files
-        raise DataError(f"{path}: unreadable audio ({exc})") from None
+        raise DataError(f"{path}: unreadable audio ({_first_line(exc)})") from None
+    if info.frames <= 0:
+        raise DataError(f"{path}: audio file has no samples")
+    if not MIN_PROMPT_RATE <= info.samplerate <= MAX_PROMPT_RATE:
+        raise DataError(f"{path}: audio at {info.samplerate} Hz; prompts are read at "
+                        f"{MIN_PROMPT_RATE // 1000}-{MAX_PROMPT_RATE // 1000} kHz")
+    if info.frames > MAX_PROMPT_SECONDS * info.samplerate:
+        raise DataError(f"{path}: prompt audio is {info.frames / info.samplerate:.1f} s; CosyVoice takes prompts "
+                        f"of up to {MAX_PROMPT_SECONDS:.0f} s")
+    try:
+        # At most the header's frame count: a header that under-reports cannot make this read grow.
+        wav, sr = sf.read(str(path), frames=int(info.frames), dtype="float32", always_2d=True)
+    except Exception as exc:  # soundfile raises several types for bad files
+        raise DataError(f"{path}: unreadable audio ({_first_line(exc)})") from None
     if wav.shape[0] == 0:
         raise DataError(f"{path}: audio file has no samples")
+    if not np.isfinite(wav).all():
+        raise DataError(f"{path}: audio holds NaN or Inf samples")
     return wav.mean(axis=1), int(sr)
 
 
-def check_audio(paths: list[Path]) -> None:
-    """Header check of every wav (cheap): unreadable audio is a DataError before any step runs."""
-    import soundfile as sf
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
+
+def check_audio(paths: list[Path]) -> None:
+    """Every prompt read as :func:`read_wav` reads it (prompts are at most 30 s, so this is cheap):
+    bad audio is a DataError before any step runs. The set's manifest, listed beside them, is skipped."""
     for p in paths:
-        if p.suffix.lower() != ".wav":
-            continue
-        try:
-            info = sf.info(str(p))
-        except Exception as exc:  # soundfile raises several types for bad files
-            raise DataError(f"{p}: unreadable audio ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
-        if info.frames == 0:
-            raise DataError(f"{p}: audio file has no samples")
-        if info.frames > MAX_PROMPT_SECONDS * info.samplerate:
-            raise DataError(f"{p}: prompt audio is {info.frames / info.samplerate:.1f} s; CosyVoice2 takes prompts "
-                            f"of up to {MAX_PROMPT_SECONDS:.0f} s")
+        if p.name != MANIFEST:
+            read_wav(p)

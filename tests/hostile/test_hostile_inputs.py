@@ -157,6 +157,35 @@ def _long_wav(tmp, model):
     return args, ["eval-prompt-00.wav", "31.0 s", "up to 30 s"]
 
 
+@case("prompt-wav-nan-samples")
+def _nan_prompt(tmp, model):
+    import soundfile as sf
+
+    args = _build(tmp)
+    wav = np.full(16000, 0.1, np.float32)
+    wav[100] = np.nan  # a float WAV stores NaN as it is
+    sf.write(str(tmp / "eval" / "prompts" / "eval-prompt-00.wav"), wav, 16000, subtype="FLOAT")
+    return args, ["eval-prompt-00.wav", "NaN or Inf"]
+
+
+@case("prompt-flac-too-long")
+def _long_flac(tmp, model):
+    import soundfile as sf
+
+    args = _build(tmp, prompt_wav="prompts/long.flac")
+    sf.write(str(tmp / "eval" / "prompts" / "long.flac"), np.zeros(16000 * 31, np.float32), 16000)
+    return args, ["long.flac", "31.0 s", "up to 30 s"]
+
+
+@case("prompt-wav-1-hz")
+def _one_hz(tmp, model):
+    import soundfile as sf
+
+    args = _build(tmp)
+    sf.write(str(tmp / "eval" / "prompts" / "eval-prompt-00.wav"), np.zeros(20, np.float32), 1)
+    return args, ["eval-prompt-00.wav", "1 Hz", "8-192 kHz"]
+
+
 @case("text-whitespace-only")
 def _ws(tmp, model):
     return _build(tmp, text=" \t \u3000 "), ["manifest.jsonl:1", "nothing to speak"]
@@ -218,6 +247,34 @@ def _pickle(tmp, model):
 
     (model / "flow.pt").write_bytes(pickle.dumps({"w": Evil()}))
     return ["build", str(_recipe(tmp, model=model))], ["flow.pt"]
+
+
+def _edit_first_float(path: Path, edit: Callable) -> str:
+    """Apply ``edit`` to the first floating tensor of a checkpoint in place; returns its key."""
+    import torch
+
+    sd = torch.load(path, weights_only=True)
+    key = next(k for k, v in sd.items() if v.is_floating_point() and v.numel() > 1)
+    sd[key] = edit(sd[key])
+    torch.save(sd, path)
+    return key
+
+
+@case("checkpoint-nan-weight")
+def _nan_weight(tmp, model):
+    def poison(t):
+        t = t.clone()
+        t.view(-1)[0] = float("nan")
+        return t
+
+    key = _edit_first_float(model / "flow.pt", poison)
+    return ["build", str(_recipe(tmp, model=model))], ["flow.pt", key, "NaN or Inf"]
+
+
+@case("checkpoint-int-truncated-weight")
+def _int_weight(tmp, model):
+    key = _edit_first_float(model / "llm.pt", lambda t: t.to(__import__("torch").int32))
+    return ["build", str(_recipe(tmp, model=model))], ["llm.pt", key, "is int32", "float32"]
 
 
 @case("checkpoint-symlink-to-device")

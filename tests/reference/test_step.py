@@ -1,0 +1,44 @@
+"""The reference step (cosycompile/reference/step.py): what it commits is what every later build trusts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import copy_model, one_line_error, run_cli, write_recipe
+
+
+def test_a_non_finite_reference_is_refused_and_not_cached(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Finite weights whose output overflows (the flow estimator's last projection scaled by 1e36): the
+    reference step fails in one line naming the array, and no reference entry is committed for a later
+    build to compare with."""
+    import torch
+
+    model = copy_model(tiny_model_dir, tmp_path / "model")
+    sd = torch.load(model / "flow.pt", weights_only=True)
+    scaled = [k for k in sd if "final_proj" in k]
+    assert scaled, "the flow checkpoint has no final_proj"
+    sd.update({k: sd[k] * 1e36 for k in scaled})
+    torch.save(sd, model / "flow.pt")
+    recipe = write_recipe(tmp_path / "r.yaml", {"name": "overflow", "model": str(model),
+                                                "validation": {"max_items": 1}})
+    art = tmp_path / "art"
+    line = one_line_error(run_cli("build", str(recipe), "--artifacts", str(art), "-q"))
+    assert "reference:" in line and "holds NaN or Inf" in line and ".npz" in line, line
+    kinds = [json.loads(p.read_text()).get("kind") for p in art.glob("cache/objects/*/*/entry.json")]
+    assert "reference" not in kinds, kinds
+
+
+def test_save_finite_writes_nothing_for_a_nan_array(tmp_path: Path) -> None:
+    import numpy as np
+
+    from cosycompile.errors import ModelError
+    from cosycompile.reference.step import save_finite
+
+    save_finite(tmp_path / "ok.npz", {"tokens": np.arange(3), "wav": np.zeros(4, np.float32)})
+    assert (tmp_path / "ok.npz").is_file()
+    with pytest.raises(ModelError, match=r"'wav' of bad.npz holds NaN or Inf"):
+        save_finite(tmp_path / "bad.npz", {"tokens": np.arange(3), "wav": np.array([0.0, np.inf], np.float32)})
+    assert not (tmp_path / "bad.npz").exists()
