@@ -10,20 +10,36 @@ from typing import Any
 from cosycompile.errors import UserError
 
 MANIFEST = "manifest.json"  # same name as cosycompile.exporters.bundle.export.MANIFEST (not imported: build side)
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists a few hundred files: kB
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
-    """A bundle manifest with a ``files`` mapping of relative path -> sha256; one-line UserError otherwise."""
+    """A bundle manifest with a ``files`` mapping of relative path -> sha256 (and, from bundles written
+    since sizes were listed, ``sizes``: the same paths -> bytes); one-line UserError otherwise. Read
+    as a regular file of at most :data:`MAX_MANIFEST_BYTES`."""
+    import stat
+
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{path}: not a regular file (a bundle's manifest is one)")
+        with path.open("rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise UserError(f"{path}: more than {MAX_MANIFEST_BYTES} bytes; not a bundle manifest")
+        manifest = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UserError(f"{path}: missing (not a bundle: give a builds/<name>-<key12>/ folder)") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: not a readable bundle manifest ({exc.__class__.__name__}: {exc})") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UserError(f"{path}: not a readable bundle manifest ({exc.__class__.__name__})") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         raise UserError(f"{path}: has no 'files' list of digests (a bundle from an older cosycompile: "
                         f"rebuild it with: cosycompile build <recipe>)")
+    sizes = manifest.get("sizes")
+    if sizes is not None and (not isinstance(sizes, dict) or set(sizes) != set(files) or not all(
+            type(v) is int and v >= 0 for v in sizes.values())):
+        raise UserError(f"{path}: 'sizes' must give every listed file's byte count")
     return manifest
 
 

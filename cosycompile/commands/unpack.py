@@ -1,11 +1,15 @@
 """``cosycompile unpack FILE DIR``: a bundle archive into DIR, all or nothing.
 
-An archive is untrusted input. Every member header is checked before anything is written:
-plain files and folders only (no symbolic or hard links, devices, fifos), relative paths that
-stay inside DIR (no ``..``, no absolute path), no name twice. Files are then written into a
-temporary sibling of DIR and hashed as they are written; the manifest they carry must list
-exactly those files, each with the digest it was written with. Only then is the temporary folder
-renamed to DIR, so a refused archive leaves DIR as it was (absent or empty).
+An archive is untrusted input, read as a stream and checked member by member before a byte of
+that member is written. ``manifest.json`` comes first (``cosycompile pack`` writes it so); it is
+read, bounded, before anything else. Every later member must be a plain file or folder (no
+symbolic or hard links, devices, fifos, sparse files) with a relative path inside DIR (no ``..``,
+no absolute path), listed in the manifest, not seen before, and no larger than the manifest's size
+for it; one member more than the manifest lists is refused. Files are written into a temporary
+sibling of DIR and hashed as they are written; each must have its listed digest and every listed
+file must be there. Only then is the temporary folder renamed to DIR, so a refused archive leaves
+DIR as it was (absent or empty). So a small archive that would expand to gigabytes, or that holds
+100,000 unlisted members, is refused at its first offending header.
 """
 
 from __future__ import annotations
@@ -18,77 +22,67 @@ import tarfile
 import uuid
 import zlib
 from pathlib import Path
+from typing import Any, Iterator
 
-from cosycompile.commands._bundle import MANIFEST, read_manifest, safe_relpath, sha256_stream
+from cosycompile.commands._bundle import MANIFEST, MAX_MANIFEST_BYTES, read_manifest, safe_relpath, sha256_stream
 from cosycompile.errors import UserError
 
 _FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)
 _KINDS = {tarfile.SYMTYPE: "a symbolic link", tarfile.LNKTYPE: "a hard link", tarfile.CHRTYPE: "a character device",
-          tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a fifo"}
+          tarfile.BLKTYPE: "a block device", tarfile.FIFOTYPE: "a fifo", tarfile.GNUTYPE_SPARSE: "a sparse file"}
+_LEADING_DIRS = 2  # folder members an archive may hold before its manifest (its top folder)
 
 
-def check_members(archive: Path, members: list[tarfile.TarInfo]) -> tuple[str, dict[str, tarfile.TarInfo], set[str]]:
-    """(top folder, files by path inside the bundle, folders) of a bundle archive's members; refuses unsafe ones.
+def member_path(archive: Path, m: tarfile.TarInfo) -> str:
+    """The member's clean relative path; refuses unsafe paths and anything but plain files and folders."""
+    rel = safe_relpath(m.name)
+    if rel is None:
+        why = "has an absolute path" if m.name.startswith("/") else "leaves the folder ('..' or '\\' in its path)"
+        raise UserError(f"{archive}: member {m.name!r} {why}; refusing to unpack")
+    if m.type in _KINDS or m.issparse():
+        raise UserError(f"{archive}: member {m.name!r} is {_KINDS.get(m.type, 'a sparse file')}; refusing to unpack "
+                        f"(bundles hold plain files only)")
+    if m.type != tarfile.DIRTYPE and m.type not in _FILE_TYPES:
+        raise UserError(f"{archive}: member {m.name!r} has tar type {m.type!r}, not a plain file; refusing to unpack")
+    return rel
 
-    The bundle may sit at the archive's root or in one top folder (``cosycompile pack`` writes
-    ``<bundle-name>/...``); the folder that holds ``manifest.json`` is the bundle's root.
-    """
-    files: dict[str, tarfile.TarInfo] = {}
-    dirs: set[str] = set()
-    for m in members:
-        rel = safe_relpath(m.name)
-        if rel is None:
-            why = "has an absolute path" if m.name.startswith("/") else "leaves the folder ('..' or '\\' in its path)"
-            raise UserError(f"{archive}: member {m.name!r} {why}; refusing to unpack")
-        if m.type in _KINDS:
-            raise UserError(f"{archive}: member {m.name!r} is {_KINDS[m.type]}; refusing to unpack (bundles hold plain "
-                            f"files only)")
+
+def _manifest_member(archive: Path, members: Iterator[tarfile.TarInfo]) -> tuple[str, tarfile.TarInfo]:
+    """(top folder, the manifest's member): the first file member, after at most a top folder."""
+    for _ in range(_LEADING_DIRS + 1):
+        m = next(members, None)
+        if m is None:
+            break
+        rel = member_path(archive, m)
         if m.type == tarfile.DIRTYPE:
-            if rel:
-                dirs.add(rel)
             continue
-        if m.type not in _FILE_TYPES:
-            raise UserError(f"{archive}: member {m.name!r} has tar type {m.type!r}, not a plain file; refusing to unpack")
-        if not rel or rel in files:
-            raise UserError(f"{archive}: member {m.name!r} {'names no file' if not rel else 'appears twice'}; "
-                            f"refusing to unpack")
-        files[rel] = m
-    if MANIFEST in files:
-        top = ""
-    else:
-        tops = {rel.split("/", 1)[0] for rel in (*files, *dirs)}
-        top = tops.pop() if len(tops) == 1 else ""
-        if not top or f"{top}/{MANIFEST}" not in files:
-            raise UserError(f"{archive}: no {MANIFEST} at the top of the archive; not a bundle made by cosycompile pack")
-    if top and top in files:
-        raise UserError(f"{archive}: member {top!r} is a file where the bundle's folder should be; refusing to unpack")
-    cut = len(top) + 1 if top else 0
-    inner = {rel[cut:]: m for rel, m in files.items()}
-    inner_dirs = {d[cut:] for d in dirs if d != top}
-    return top, inner, inner_dirs
+        top, _, name = rel.rpartition("/")
+        if name != MANIFEST or "/" in top:
+            break
+        if m.size > MAX_MANIFEST_BYTES:
+            raise UserError(f"{archive}: its {MANIFEST} is {m.size} bytes (at most {MAX_MANIFEST_BYTES}); refusing "
+                            f"to unpack")
+        return top, m
+    raise UserError(f"{archive}: no {MANIFEST} at the top of the archive, first; not a bundle made by cosycompile pack")
 
 
 def unpack(archive: Path, dest: Path) -> int:
     """Extract and verify ``archive`` into ``dest``; returns the number of files written."""
     tmp = dest.parent / f".{dest.name}.unpack.{os.getpid()}.{uuid.uuid4().hex[:6]}"
     try:
-        with tarfile.open(archive, "r:*") as tar:
-            top, files, dirs = check_members(archive, tar.getmembers())
+        # "r|*": a stream, so headers are read one by one as the files are written, never all up front.
+        with tarfile.open(archive, "r|*") as tar:
+            members = iter(tar)
+            top, first = _manifest_member(archive, members)
             tmp.mkdir()
-            written: dict[str, str] = {}
-            for rel, member in files.items():
-                written[rel] = _extract(tar, member, tmp / rel)
-        try:
-            manifest = read_manifest(tmp / MANIFEST)
-        except UserError as exc:  # it names the temporary copy: name the archive's member instead
-            raise UserError(f"{archive}: {_name(top, MANIFEST)} {str(exc).split(': ', 1)[-1]}; refusing to unpack") from None
+            _extract(tar, first, tmp / MANIFEST)
+            try:
+                manifest = read_manifest(tmp / MANIFEST)
+            except UserError as exc:  # it names the temporary copy: name the archive's member instead
+                why = str(exc).split(": ", 1)[-1]
+                raise UserError(f"{archive}: {_name(top, MANIFEST)} {why}; refusing to unpack") from None
+            written = _extract_listed(archive, tar, members, top, manifest, tmp)
         listed: dict[str, str] = manifest["files"]
-        extra = sorted(set(written) - set(listed) - {MANIFEST})
-        if extra:
-            raise UserError(f"{archive}: member {_name(top, extra[0])!r} is not in its {MANIFEST}; refusing to unpack")
-        stray = sorted(d for d in dirs if not any(f.startswith(d + "/") for f in listed))
-        if stray:
-            raise UserError(f"{archive}: folder {_name(top, stray[0])!r} is not in its {MANIFEST}; refusing to unpack")
         missing = sorted(set(listed) - set(written))
         if missing:
             raise UserError(f"{archive}: {missing[0]!r} is listed in its {MANIFEST} but not in the archive; "
@@ -108,13 +102,45 @@ def unpack(archive: Path, dest: Path) -> int:
         raise UserError(f"{archive}: cannot unpack into {dest} ({exc.strerror or exc})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return len(files)
+    return len(written)
+
+
+def _extract_listed(archive: Path, tar: tarfile.TarFile, members: Iterator[tarfile.TarInfo], top: str,
+                    manifest: dict[str, Any], tmp: Path) -> dict[str, str]:
+    """Write every member after the manifest, each checked against the manifest first; rel -> sha256."""
+    listed: dict[str, str] = manifest["files"]
+    sizes: dict[str, int] | None = manifest.get("sizes")
+    folders = {f.rsplit("/", i)[0] for f in listed for i in range(1, f.count("/") + 1)}
+    prefix = f"{top}/" if top else ""
+    written: dict[str, str] = {}
+    budget = len(listed) + len(folders)  # members the manifest accounts for
+    for n, m in enumerate(members):
+        rel = member_path(archive, m)
+        if n >= budget:
+            raise UserError(f"{archive}: more members than its {MANIFEST} lists ({m.name!r} is one too many); "
+                            f"refusing to unpack")
+        if prefix and not rel.startswith(prefix):
+            raise UserError(f"{archive}: member {m.name!r} is outside the bundle's folder {top!r}; refusing to unpack")
+        inner = rel[len(prefix):]
+        if m.type == tarfile.DIRTYPE:
+            if inner not in folders:
+                raise UserError(f"{archive}: folder {m.name!r} is not in its {MANIFEST}; refusing to unpack")
+            continue
+        if inner not in listed:
+            raise UserError(f"{archive}: member {m.name!r} is not in its {MANIFEST}; refusing to unpack")
+        if inner in written:
+            raise UserError(f"{archive}: member {m.name!r} appears twice; refusing to unpack")
+        if sizes is not None and m.size != sizes[inner]:
+            raise UserError(f"{archive}: member {m.name!r} is {m.size} bytes, its {MANIFEST} says {sizes[inner]}; "
+                            f"refusing to unpack")
+        written[inner] = _extract(tar, m, tmp / inner)
+    return written
 
 
 def _extract(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> str:
     """Write one member's bytes to ``path`` (a new file, never through a link); returns their sha256."""
     src = tar.extractfile(member)
-    if src is None:  # not reachable for the plain files check_members lets through
+    if src is None:  # not reachable for the plain files member_path lets through
         raise UserError(f"{member.name!r}: cannot be read from the archive")
     path.parent.mkdir(parents=True, exist_ok=True)
     # O_EXCL | O_NOFOLLOW: the file is created here, never written through something already there.

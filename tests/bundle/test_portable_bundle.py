@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -147,6 +148,71 @@ def test_unpack_refuses_unsafe_members(tmp_path: Path, member: tarfile.TarInfo, 
     assert (not dest.exists()) if not dest_exists else not any(dest.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["evil.tar.gz"] + (["out"] if dest_exists else []))
     assert not Path("/tmp/cosycompile-evil").exists() and not (tmp_path / "x").exists()
+
+
+def _stream_tar(path: Path, manifest: dict, members: Iterator[tuple[tarfile.TarInfo, bytes]]) -> Path:
+    """A .tar.gz written header by header: the manifest, then each (header, bytes written after it).
+    A header may claim more bytes than follow it, as a crafted archive's would."""
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=1) as gz:
+        body = json.dumps(manifest).encode()
+        info = tarfile.TarInfo("b/manifest.json")
+        info.size = len(body)
+        gz.write(info.tobuf(tarfile.PAX_FORMAT) + body + b"\0" * (-len(body) % 512))
+        for info, data in members:
+            gz.write(info.tobuf(tarfile.PAX_FORMAT) + data + b"\0" * (-len(data) % 512))
+    return path
+
+
+def _nothing_written(tmp_path: Path, archive: Path) -> None:
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name]
+
+
+def test_unpack_refuses_a_member_larger_than_listed_before_writing_it(tmp_path: Path) -> None:
+    """A 3 GB member (3 MB of it present) under a listed name: refused at its header, nothing written."""
+    import time
+
+    big = tarfile.TarInfo("b/engines/flow.onnx")
+    big.size = 3 << 30
+    manifest = {"schema": 2, "files": {"engines/flow.onnx": "0" * 64}, "sizes": {"engines/flow.onnx": 1234}}
+    archive = _stream_tar(tmp_path / "bomb.tar.gz", manifest, iter([(big, bytes(3 << 20))]))
+    assert archive.stat().st_size < 1 << 20
+    t0 = time.perf_counter()
+    line = one_line_error(run_cli("unpack", str(archive), str(tmp_path / "out")))
+    assert time.perf_counter() - t0 < 5  # the CLI with its start-up (about 0.2 s here)
+    assert "flow.onnx" in line and str(3 << 30) in line and "says 1234" in line, line
+    _nothing_written(tmp_path, archive)
+
+
+def test_unpack_refuses_unlisted_members_at_the_first_one(tmp_path: Path) -> None:
+    """100,000 one-byte members the manifest does not list: refused at the first, nothing written."""
+    def members() -> Iterator[tuple[tarfile.TarInfo, bytes]]:
+        for i in range(100_000):
+            info = tarfile.TarInfo(f"b/junk/{i:06d}")
+            info.size = 1
+            yield info, b"x"
+
+    import time
+
+    archive = _stream_tar(tmp_path / "many.tar.gz", {"schema": 2, "files": {}, "sizes": {}}, members())
+    t0 = time.perf_counter()
+    line = one_line_error(run_cli("unpack", str(archive), str(tmp_path / "out")))
+    assert time.perf_counter() - t0 < 5
+    assert "b/junk/000000" in line and "more members than its manifest.json lists" in line, line
+    _nothing_written(tmp_path, archive)
+
+
+def test_unpack_wants_the_manifest_first(tmp_path: Path) -> None:
+    archive = tmp_path / "late.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, body in (("b/engines/x.onnx", b"x"), ("b/manifest.json", b'{"files": {}}')):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+    line = one_line_error(run_cli("unpack", str(archive), str(tmp_path / "out")))
+    assert "no manifest.json at the top of the archive, first" in line, line
+    _nothing_written(tmp_path, archive)
 
 
 def test_unpack_refuses_a_file_not_in_the_manifest(build: dict[str, Path], tmp_path: Path) -> None:

@@ -95,6 +95,8 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
 
         render_bundle(tmp)
         manifest["files"] = {rel: sha256_file(tmp / rel) for rel in bundle_files(tmp)}
+        # Sizes let unpack refuse a member larger than its file before writing a byte of it.
+        manifest["sizes"] = {rel: (tmp / rel).stat().st_size for rel in manifest["files"]}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         _publish(tmp, dest)
         # Remember the digests under the published paths, so the next no-op build checks the bundle by stat only.
