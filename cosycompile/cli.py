@@ -7,7 +7,9 @@ imported unless a step actually has to run.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -194,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "FAMILY (decoupled, gRPC streaming, one response per text piece) and "
                                    "FAMILY_offline (HTTP), FAMILY the bundle's model family (cosyvoice2, "
                                    "cosyvoice3). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
-                                   "the CosyVoice runtime layout: BLS cosyvoice2, token2wav, vocoder, "
+                                   "the CosyVoice runtime layout: BLS FAMILY and FAMILY_offline, token2wav, vocoder, "
                                    "speaker_embedding, audio_tokenizer and tensorrt_llm (or --llm-url). Configs come "
                                    "from the bundle's manifest and recipe; DIR/README.md says how to start the server.")
     p.add_argument("bundle", type=Path, help="bundle dir (a build's, or one from cosycompile unpack)")
@@ -211,6 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so it unwinds as Ctrl-C does (staging dirs removed)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cosycompile`` console script."""
     parser = build_parser()
@@ -218,14 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _dispatch(args, parser)
     except UserError as exc:
         print(f"cosycompile: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("cosycompile: interrupted; finished steps stay cached, the running one was discarded", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        how, status = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
+        print(f"cosycompile: {how}; finished steps stay cached, the running one was discarded", file=sys.stderr)
+        return status
 
 
 def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

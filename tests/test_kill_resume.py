@@ -60,3 +60,33 @@ def _verify(art: Path) -> tuple[int, list[str]]:
     from cosycompile.cache.local import Store
 
     return Store(art).verify_all(full=True)
+
+
+def test_sigterm_mid_step_unwinds_like_ctrl_c(tmp_path: Path) -> None:
+    """SIGTERM (what a CI runner or a container stop sends) mid-step: exit 143, one line, the running
+    step's staging dir removed and nothing of it committed; the steps finished before stay cached."""
+    art = tmp_path / "art"
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "termme",
+        "validation": {"eval_set": str(EVAL_SET), "max_items": 1},
+    })
+    proc = subprocess.Popen([sys.executable, "-u", "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    victim = "flow.export"
+    deadline = time.time() + 300
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if victim in line and "running" in line:
+            break
+        assert time.time() < deadline
+    while not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]:
+        time.sleep(0.01)
+        assert time.time() < deadline
+    os.kill(proc.pid, signal.SIGTERM)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=120) == 143, rest[-2000:]
+    assert "Traceback" not in rest
+    assert rest.strip().splitlines()[-1].startswith("cosycompile: terminated; finished steps stay cached"), rest[-2000:]
+    assert not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]
+    done = {json.loads(e.read_text())["step"] for e in (art / "cache" / "objects").glob("*/*/entry.json")}
+    assert victim not in done and "llm.export" in done
