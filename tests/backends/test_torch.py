@@ -54,10 +54,11 @@ def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path,
     assert not list((bundle / "engines").rglob("*.onnx"))  # no ONNX in the engines
 
 
-def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
+def test_gpu_llm_export_decodes_over_the_static_cache(torch_build: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """A GPU target's LLM programs carry the static-cache step (a CPU target's do not: the CPU engines
     above hold llm_step only); compiled for this CPU, the runtime decodes through it with the logits
-    and greedy tokens of the growing-cache step. Only the CUDA graph is left to ``make test-gpu``."""
+    and greedy tokens of the growing-cache step (the FP32 build's package: the same built-in weights,
+    so only the static step is compiled here). Only the CUDA graph is left to ``make test-gpu``."""
     import numpy as np
 
     from cosycompile.backends.torch import Options
@@ -76,13 +77,22 @@ def test_gpu_llm_export_decodes_over_the_static_cache(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     programs = until_outputs(res.stdout)["llm.export"]
     assert set(read_graphs_dir(programs).graphs) == {"llm_step", "llm_step_static"}
+    static_program = tmp_path / "static-program"
+    shutil.copytree(programs, static_program)
+    listing = json.loads((static_program / "graphs.json").read_text())
+    listing["graphs"] = {"llm_step_static": listing["graphs"]["llm_step_static"]}
+    (static_program / "graphs.json").write_text(json.dumps(listing))
     engine = tmp_path / "engine"
     engine.mkdir()
-    build(programs, Options(), TARGETS["cpu"], engine)
+    build(static_program, Options(), TARGETS["cpu"], engine)
+    shutil.copy2(torch_build[2] / "engines" / "llm" / "llm_step.pt2", engine / "llm_step.pt2")
     gd = read_graphs_dir(engine)
+    growing_graph = read_graphs_dir(torch_build[2] / "engines" / "llm").graphs["llm_step"]
+    assert growing_graph["spec"] == read_graphs_dir(programs).graphs["llm_step"]["spec"]  # the same step, other target
+    graphs = {"llm_step": growing_graph, **gd.graphs}
     runners = {n: (StaticStepRunner if n == "llm_step_static" else AotiRunner)(
-                   gd.graph_path(n), g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
-               for n, g in gd.graphs.items()}
+                   engine / g["file"], g["inputs"], g["outputs"], "cpu", g["spec"]["dims"])
+               for n, g in graphs.items()}
     rt = LLMRuntime.from_runners(runners, load_assets(engine), gd.info)
     assert rt.kept is runners["llm_step_static"] and rt.kept.dims["slots"]["max"] == 4096
     assert not hasattr(runners["llm_step"], "decoder")  # a growing-cache program keeps no cache of its own
