@@ -222,12 +222,44 @@ def test_format_no_quantizer_writes_for_the_backend_names_the_keys(tmp_path: Pat
 
 
 @pytest.mark.parametrize(("line", "says"), [
-    ("max_quality_drop: .nan", "validation.gate.max_quality_drop': Input should be a finite number"),
-    ("max_slowdown: .inf", "validation.gate.max_slowdown': Input should be a finite number"),
-    ("min: {flow.mel_snr_db: .nan}", "threshold for 'flow.mel_snr_db' is NaN"),
-    ("max: {llm.max_abs_logit_error: .inf}", "threshold for 'llm.max_abs_logit_error' is infinite"),
+    ("max_quality_drop: .nan", "validation.gate.max_quality_drop: '.nan' is not a finite decimal number"),
+    ("max_slowdown: .inf", "validation.gate.max_slowdown: '.inf' is not a finite decimal number"),
+    ("min: {flow.mel_snr_db: .NaN}", "validation.gate.min.flow.mel_snr_db: '.NaN' is not a finite decimal number"),
+    ("max: {llm.max_abs_logit_error: -.inf}", "llm.max_abs_logit_error: '-.inf' is not a finite decimal number"),
 ])
 def test_non_finite_gate_values_are_refused(tmp_path: Path, line: str, says: str) -> None:
-    """NaN passes every comparison and infinity switches a limit off (null is how a recipe says that)."""
+    """NaN passes every comparison and infinity switches a limit off (null is how a recipe says that):
+    the recipe reader refuses them wherever they are written."""
     msg = _err(tmp_path, BASE + f"validation:\n  gate:\n    {line}\n")
     assert "bad.yaml:5" in msg and says in msg, msg
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("validation: {max_items: '2'}", "key 'validation.max_items': Input should be a valid integer (got '2')"),
+    ("validation: {max_items: true}", "key 'validation.max_items': Input should be a valid integer (got True)"),
+    ("validation: {max_items: 0x10}", "validation.max_items: '0x10' is a YAML 1.1 hex, octal"),
+    ("validation: {max_items: 010}", "validation.max_items: '010' is a YAML 1.1 hex, octal"),
+    ("validation: {speed: {min_seconds: '1:30'}}", "key 'validation.speed.min_seconds': Input should be a valid number"),
+    ("validation: {speed: {min_seconds: 1:30}}", "validation.speed.min_seconds: '1:30' is a YAML 1.1"),
+    ("validation: {speed: {threads: 100000}}", "key 'validation.speed.threads': Input should be less than or equal"),
+    ("validation: {speed: {runs: 1000000}}", "key 'validation.speed.runs': Input should be less than or equal"),
+    ("validation: {speed: {throughput: [1, 0]}}", "key 'validation.speed.throughput.1': Input should be greater"),
+    ("validation: {sampling: {seed: -1}}", "key 'validation.sampling.seed': Input should be greater than or equal to 0"),
+    ("calibration: {max_items: 2.0}", "key 'calibration.max_items': Input should be a valid integer (got 2.0)"),
+    ("stages: {hift: {quantize: {format: fp16, snake_alpha_min: '0.001'}}}",
+     "key 'stages.hift.quantize.snake_alpha_min': Input should be a valid number (got '0.001')"),
+])
+def test_no_lax_coercion_and_every_number_bounded(tmp_path: Path, line: str, says: str) -> None:
+    """A string is not a number, a boolean not an integer, YAML 1.1's octal / hex / base-60 readings are
+    refused, and counts, threads and seeds have ranges; plug-in specs are read as strictly."""
+    msg = _err(tmp_path, BASE + line + "\n")
+    assert "bad.yaml:" in msg and says in msg, msg
+
+
+def test_tuples_and_floats_still_read_from_plain_yaml(tmp_path: Path) -> None:
+    """Strict reading keeps what plain YAML writes: lists for tuple fields, integers for float fields."""
+    ok = write_recipe(tmp_path / "ok.yaml", {"name": "x", "validation": {"speed": {"min_seconds": 2}},
+                                              "stages": {"flow": {"engine": {"options": {"rewrites": ["mish"]}}}}})
+    recipe = load_recipe(ok)
+    assert recipe.validation.speed.min_seconds == 2.0
+    assert recipe.typed("flow")["options"].rewrites == ("mish",)

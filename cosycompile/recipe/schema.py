@@ -7,8 +7,9 @@ name the file, the line and the key.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
@@ -50,25 +51,25 @@ class SamplingSpec(_Strict):
     """How speech tokens are drawn on the eval set (same for reference and build)."""
 
     mode: Literal["greedy", "ras"] = "greedy"
-    seed: int = 0
-    max_tokens: int | None = Field(200, ge=1, description="cap on speech tokens per item (None: 20x text)")
+    seed: int = Field(0, ge=0, lt=2**32, description="sampling seed (numpy's range)")
+    max_tokens: int | None = Field(200, ge=1, le=100_000, description="cap on speech tokens per item (None: 20x text)")
 
 
 class SpeedSpec(_Strict):
     """How speed is measured: always on the first eval item, as a ratio against the FP32 reference."""
 
-    warmup: int = Field(1, ge=0)
-    runs: int = Field(3, ge=1, description="timed runs per side (interleaved pairs with reference: same-run)")
-    min_seconds: float = Field(0.0, ge=0, description="keep timing pairs past `runs` until this many seconds have "
+    warmup: int = Field(1, ge=0, le=100)
+    runs: int = Field(3, ge=1, le=1000, description="timed runs per side (interleaved pairs with reference: same-run)")
+    min_seconds: float = Field(0.0, ge=0, le=86_400, description="keep timing pairs past `runs` until this many seconds have "
                                                       "passed, so one slow spell of a shared machine cannot set a ratio")
     machine_state: bool = Field(False, description="probe before each pair whether the threads beat one thread on a "
                                                    "small op, and give each ratio per state too (small VMs switch "
                                                    "between two states that move ratios; docs/BENCHMARKS.md)")
-    threads: int = Field(2, ge=1, description="intra-op threads for both reference and engines")
+    threads: int = Field(2, ge=1, le=1024, description="intra-op threads for both reference and engines")
     reference: Literal["same-run", "cached"] = Field(
         "same-run", description="same-run: reference and build timed in interleaved pairs in this run; cached: the "
                                 "reference step's own timing is reused (fast re-validation, noisier ratios)")
-    throughput: list[int] = Field(default_factory=lambda: [1, 2, 4],
+    throughput: list[Annotated[int, Field(ge=1, le=256)]] = Field(default_factory=lambda: [1, 2, 4], max_length=16,
                                   description="concurrency levels of the throughput measurement (empty: none)")
 
 
@@ -76,9 +77,9 @@ class CalibrationSpec(_Strict):
     """Where calibration data comes from: the FP32 reference run over a calibration set."""
 
     set: str = Field("../calib_data/calib", description="folder with manifest.jsonl, relative to the recipe file")
-    max_items: int = Field(16, ge=1)
+    max_items: int = Field(16, ge=1, le=10_000)
     sampling: SamplingSpec = SamplingSpec()
-    max_estimator_calls: int = Field(64, ge=1, description="CFM estimator inputs kept (spread over steps/items)")
+    max_estimator_calls: int = Field(64, ge=1, le=100_000, description="CFM estimator inputs kept (spread over steps/items)")
 
 
 class GateSpec(_Strict):
@@ -105,7 +106,7 @@ class GateSpec(_Strict):
 
 class ValidationSpec(_Strict):
     eval_set: str = Field(description="folder with manifest.jsonl, relative to the recipe file")
-    max_items: int = Field(4, ge=1)
+    max_items: int = Field(4, ge=1, le=10_000)
     sampling: SamplingSpec = SamplingSpec()
     speed: SpeedSpec = SpeedSpec()
     gate: GateSpec = GateSpec()
@@ -246,6 +247,15 @@ def _format_pydantic(err: ValidationError, located: Located, prefix: KeyPath = (
     return f"{located.where(loc)}: {msg}{more}"
 
 
+def strict_validate(model: type[BaseModel], data: Any, context: dict[str, Any] | None = None) -> Any:
+    """``model`` from recipe data with no lax coercion: "2" is not a number, true is not an integer.
+
+    Validated as JSON in strict mode, which is pydantic's strict mode plus lists for tuple fields (a
+    YAML recipe writes tuples as lists); the YAML reader has already refused what JSON cannot carry.
+    """
+    return model.model_validate_json(json.dumps(data), strict=True, context=context)
+
+
 def load_recipe(path: str | Path) -> Recipe:
     """Read, merge (``extends:``) and validate a recipe; raise RecipeError naming file:line and key."""
     path = Path(path)
@@ -260,7 +270,7 @@ def load_recipe(path: str | Path) -> Recipe:
     data["base_dir"] = str(path.resolve().parent)
     family = _model_mapping(data, located)
     try:
-        recipe = Recipe.model_validate(data)
+        recipe = strict_validate(Recipe, data)
     except ValidationError as exc:
         raise RecipeError(_format_pydantic(exc, located)) from None
     recipe._family = family
@@ -295,7 +305,7 @@ def _model_mapping(data: dict[str, Any], located: Located) -> str | None:
 def _plugin_spec(model: type[BaseModel], data: Any, located: Located, prefix: KeyPath,
                  context: dict[str, Any] | None = None) -> Any:
     try:
-        return model.model_validate(data, context=context)
+        return strict_validate(model, data, context)
     except ValidationError as exc:
         msg = _format_pydantic(exc, located, prefix)
         if exc.errors()[0]["type"] == "extra_forbidden":

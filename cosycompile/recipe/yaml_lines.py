@@ -6,6 +6,7 @@ us node marks, so we build plain Python data and a side table ``path -> (file, l
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,11 @@ class _StrictLoader(yaml.SafeLoader):
 # Plain YAML data only: any explicit tag (``!foo``, ``!!python/object/apply:...``) is refused, on
 # collections as well as scalars, rather than silently read as the untagged value.
 _PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("map", "seq", "str", "int", "float", "bool", "null")}
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+# Numbers as a reader of the recipe would take them: YAML 1.1 also reads 010 as 8, 0x10 as 16 and
+# 1:30 as 90, and .nan / .inf as floats that pass or switch off every comparison.
+_DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9_]*)")
+_DECIMAL_FLOAT = re.compile(r"[-+]?([0-9][0-9_]*)?\.[0-9_]*([eE][-+][0-9]+)?")
 
 
 def _construct(node: yaml.Node, path: KeyPath, src: str, lines: dict[KeyPath, tuple[str, int]]) -> Any:
@@ -61,6 +67,13 @@ def _construct(node: yaml.Node, path: KeyPath, src: str, lines: dict[KeyPath, tu
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, path + (i,), src, lines) for i, item in enumerate(node.value)]
+    text = str(node.value)
+    if node.tag == _INT and not _DECIMAL_INT.fullmatch(text):
+        raise RecipeError(f"{src}:{node.start_mark.line + 1}: {_dotted(path)}: '{text}' is a YAML 1.1 hex, octal, "
+                          "binary or base-60 number; write it in decimal (or quote it as a string)")
+    if node.tag == _FLOAT and not _DECIMAL_FLOAT.fullmatch(text):
+        raise RecipeError(f"{src}:{node.start_mark.line + 1}: {_dotted(path)}: '{text}' is not a finite decimal number "
+                          "(NaN, infinities and base-60 numbers are not recipe values)")
     return _StrictLoader("").construct_object(node, deep=True)
 
 
