@@ -287,6 +287,11 @@ def _build_or_plan(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     remote = remote_from(args.cache_remote)  # a mistyped URL is refused before any work
     recipe = load_recipe(args.recipe)
+    g = recipe.validation.gate
+    if g.baseline:
+        from cosycompile.validate.gate import load_report
+
+        load_report(recipe.resolve_path(g.baseline))  # read before any work: the gate compares with it last
     until = getattr(args, "until", None)
     plan = plan_build(recipe, until=until)
     store = Store(args.artifacts)

@@ -17,17 +17,12 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """A bundle manifest with a ``files`` mapping of relative path -> sha256 (and, from bundles written
     since sizes were listed, ``sizes``: the same paths -> bytes); one-line UserError otherwise. Read
     as a regular file of at most :data:`MAX_MANIFEST_BYTES`."""
-    import stat
+    from cosycompile.core.bounded_read import BoundError, read_text
 
     try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(f"{path}: not a regular file (a bundle's manifest is one)")
-        with path.open("rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise UserError(f"{path}: more than {MAX_MANIFEST_BYTES} bytes; not a bundle manifest")
-        manifest = json.loads(raw.decode("utf-8"))
+        manifest = json.loads(read_text(path, MAX_MANIFEST_BYTES, "a bundle manifest"))
+    except BoundError as exc:
+        raise UserError(f"{path}: {exc}") from None
     except FileNotFoundError:
         raise UserError(f"{path}: missing (not a bundle: give a builds/<name>-<key12>/ folder)") from None
     except (OSError, ValueError, RecursionError) as exc:

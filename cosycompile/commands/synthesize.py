@@ -30,11 +30,16 @@ from cosycompile.runtime.text import DEFAULT_MAX_CHARS, split_text, text_weight 
 
 FRONTEND_DIR = "frontend"  # fixed, never read from the manifest: an archive's manifest is not trusted with paths
 SAMPLE_RATE = 24000
+MAX_TEXT_FILE_BYTES = 1 << 20  # a book chapter is ~100 kB; synthesis is split into pieces anyway
 
 def _read_text(args: argparse.Namespace) -> str:
     if args.text_file is not None:
+        from cosycompile.core.bounded_read import BoundError, read_text
+
         try:
-            text = args.text_file.read_text(encoding="utf-8")
+            text = read_text(args.text_file, MAX_TEXT_FILE_BYTES, "--text-file")
+        except BoundError as exc:
+            raise UserError(f"{args.text_file}: {exc}") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise UserError(f"{args.text_file}: cannot read the text file ({exc.__class__.__name__})") from None
         where = str(args.text_file)

@@ -23,11 +23,13 @@ class YAMLLimitError(ValueError):
 
 
 def read_text(path: Path) -> str:
-    """The file as UTF-8 text, refusing one over :data:`MAX_BYTES` before reading it."""
-    size = path.stat().st_size
-    if size > MAX_BYTES:
-        raise YAMLLimitError(f"{size:,} bytes, over the {MAX_BYTES:,}-byte limit for a YAML file")
-    return path.read_text(encoding="utf-8")
+    """The file as UTF-8 text: a regular file of at most :data:`MAX_BYTES` (counted as read)."""
+    from cosycompile.core.bounded_read import BoundError, read_text
+
+    try:
+        return read_text(path, MAX_BYTES, "a YAML file")
+    except BoundError as exc:
+        raise YAMLLimitError(str(exc)) from None
 
 
 def compose(loader: yaml.SafeLoader) -> yaml.Node | None:

@@ -141,13 +141,17 @@ MAX_JSON_BYTES = 64 << 20  # Qwen's tokenizer.json is 7 MB; a config is kB
 
 def need_json(path: Path, why: str) -> dict[str, Any]:
     """The JSON object in ``path`` (checked as :func:`need_file`, bounded in size, parsed)."""
+    from cosycompile.core.bounded_read import BoundError, read_text
+
     need_file(path, why)
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise ModelError(f"{path}: {path.stat().st_size:,} bytes, over the {MAX_JSON_BYTES:,}-byte limit ({why})")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_text(path, MAX_JSON_BYTES, "a model-dir JSON file"))
+    except BoundError as exc:
+        raise ModelError(f"{path}: {exc} ({why})") from None
     except json.JSONDecodeError as exc:
         raise ModelError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}) ({why})") from None
+    except RecursionError:
+        raise ModelError(f"{path}: JSON nested too deep ({why})") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ModelError(f"{path}: unreadable ({exc.__class__.__name__}) ({why})") from None
     if not isinstance(data, dict):

@@ -67,15 +67,18 @@ def load_dataset(root: Path, what: str = "eval set") -> DataSet:
     manifest = root / MANIFEST
     if not root.is_dir():
         raise DataError(f"{root}: {what} folder not found")
-    if not manifest.is_file():
+    if not manifest.exists():
         raise DataError(f"{manifest}: {what} has no {MANIFEST}")
-    if manifest.stat().st_size > MAX_MANIFEST_BYTES:
-        raise DataError(f"{manifest}: {manifest.stat().st_size:,} bytes, over the {MAX_MANIFEST_BYTES:,}-byte "
-                        f"limit for a {what} manifest")
+    from cosycompile.core.bounded_read import BoundError, read_text
+
     try:
-        text = manifest.read_text(encoding="utf-8")
+        text = read_text(manifest, MAX_MANIFEST_BYTES, f"a {what} manifest")
+    except BoundError as exc:
+        raise DataError(f"{manifest}: {exc}") from None
     except UnicodeDecodeError as exc:
         raise DataError(f"{manifest}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise DataError(f"{manifest}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
     items: list[Item] = []
     seen: set[str] = set()
     real_root = root.resolve()

@@ -15,6 +15,9 @@ from typing import Any
 
 from cosycompile.errors import UserError
 
+MAX_REPORT_BYTES = 64 << 20  # a report is kB; its metrics per item stay under a few MB
+
+
 @dataclass
 class Finding:
     metric: str
@@ -40,13 +43,19 @@ def metric_values(report: dict[str, Any]) -> dict[str, float]:
 
 def load_report(path: Path) -> dict[str, Any]:
     """A report.json, or the one inside a bundle dir; bad input is a UserError."""
+    from cosycompile.core.bounded_read import BoundError, read_text
+
     p = path / "report.json" if path.is_dir() else path
-    if not p.is_file():
-        raise UserError(f"{path}: no report.json (expected a bundle dir or a report.json file)")
     try:
-        body = json.loads(p.read_text())
-    except ValueError as exc:
-        raise UserError(f"{p}: not valid JSON ({exc})") from None
+        body = json.loads(read_text(p, MAX_REPORT_BYTES, "a report"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no report.json (expected a bundle dir or a report.json file)") from None
+    except BoundError as exc:
+        raise UserError(f"{p}: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UserError(f"{p}: not valid JSON ({str(exc)[:200] or exc.__class__.__name__})") from None
+    except OSError as exc:
+        raise UserError(f"{p}: unreadable ({exc.strerror or exc.__class__.__name__})") from None
     if not isinstance(body, dict) or "checks" not in body:
         raise UserError(f"{p}: not a cosycompile report (no 'checks')")
     return body

@@ -113,6 +113,42 @@ def _extends(tmp, model):
     return ["build", str(p)], ["/etc/passwd"]
 
 
+@case("recipe-extends-dev-zero")
+def _extends_zero(tmp, model):
+    p = tmp / "ext.yaml"
+    p.write_text("extends: /dev/zero\nname: e\n")  # stat says 0 bytes; reading never ends
+    return ["build", str(p)], ["/dev/zero", "character device", "not a regular file"]
+
+
+@case("recipe-extends-fifo")
+def _extends_fifo(tmp, model):
+    os.mkfifo(tmp / "pipe.yaml")  # opening it would wait for a writer forever
+    p = tmp / "ext.yaml"
+    p.write_text(f"extends: {tmp / 'pipe.yaml'}\nname: e\n")
+    return ["build", str(p)], ["pipe.yaml", "FIFO"]
+
+
+@case("eval-manifest-is-a-fifo")
+def _manifest_fifo(tmp, model):
+    args = _build(tmp)
+    (tmp / "eval" / "manifest.jsonl").unlink()
+    os.mkfifo(tmp / "eval" / "manifest.jsonl")
+    return args, ["manifest.jsonl", "FIFO"]
+
+
+@case("gate-baseline-missing")
+def _baseline_missing(tmp, model):
+    p = _recipe(tmp, body="  gate: {baseline: no-such-report.json}\n")
+    return ["build", str(p)], ["no-such-report.json", "no report.json"]
+
+
+@case("gate-baseline-not-json")
+def _baseline_bad(tmp, model):
+    (tmp / "base.json").write_text('{"checks": ')
+    p = _recipe(tmp, body="  gate: {baseline: base.json}\n")
+    return ["build", str(p)], ["base.json", "not valid JSON"]
+
+
 @case("recipe-name-is-a-path")
 def _name(tmp, model):
     p = tmp / "name.yaml"
@@ -351,3 +387,12 @@ def test_long_text_is_split_into_bounded_items(tmp_path: Path) -> None:
     assert all(i.text.endswith(".") for i in items[:-1])  # cut at sentence ends
     short = load_dataset(EVAL_SET).items  # the shipped sets are under the bound: unchanged
     assert all(text_weight(i.text) <= MAX_ITEM_WEIGHT and ".part" not in i.id for i in short)
+
+
+def test_text_file_that_never_ends_is_refused(tmp_path: Path) -> None:
+    """``--text-file /dev/zero``: refused by type before it is opened, in one line."""
+    res = subprocess.run([sys.executable, "-m", "cosycompile", "synthesize", str(tmp_path / "bundle"), "--text-file",
+                          "/dev/zero", "--out", str(tmp_path / "o.wav")], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr.strip() == "cosycompile: error: /dev/zero: is a character device, not a regular file"
+    assert not (tmp_path / "o.wav").exists()
