@@ -501,12 +501,19 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{count} entries checked, {len(bad)} bad" + (f" (removed: {', '.join(b[:12] for b in bad)})" if bad else ""))
         return 1 if bad else 0
     if args.cache_command == "ls":
-        import json
+        from cosycompile.cache.local import ENTRY_FILE, CorruptEntry, read_entry
 
-        for entry_file in sorted(store.objects.glob("*/*/entry.json")):
-            meta = json.loads(entry_file.read_text())
-            size = sum(s for s, _ in meta.get("files", {}).values())
-            print(f"{meta['key'][:12]}  {meta.get('step', '?'):<16} {size / 1e6:9.1f} MB  {meta.get('seconds', 0):6.1f}s")
+        for entry_file in sorted(store.objects.glob(f"*/*/{ENTRY_FILE}")):
+            try:
+                meta = read_entry(entry_file)
+            except (OSError, CorruptEntry) as exc:
+                print(f"{entry_file.parent.name[:12]}  BROKEN ({exc}; `cosycompile cache verify` removes it)")
+                continue
+            size = sum(s for s, _ in meta["files"].values())
+            step, seconds = meta.get("step"), meta.get("seconds")
+            step = step if isinstance(step, str) else "?"
+            seconds = float(seconds) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else 0.0
+            print(f"{meta['key'][:12]}  {step[:40]:<16} {size / 1e6:9.1f} MB  {seconds:6.1f}s")
         return 0
     if args.cache_command == "gc":
         from cosycompile.cache.gc import collect, parse_age, parse_size

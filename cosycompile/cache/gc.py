@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cosycompile.cache.local import ENTRY_FILE, Store
+from cosycompile.cache.local import ENTRY_FILE, CorruptEntry, Store, read_entry
 from cosycompile.errors import UserError
 
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -74,10 +74,10 @@ def collect(store: Store, max_size: int | None = None, older_than: float | None 
     for entry_file in store.objects.glob(f"*/*/{ENTRY_FILE}"):
         path = entry_file.parent
         try:
-            meta = json.loads(entry_file.read_text())
-            size = sum(int(s) for s, _ in meta.get("files", {}).values())
+            meta = read_entry(entry_file)
+            size = sum(s for s, _ in meta["files"].values())
             used = path.stat().st_mtime
-        except (OSError, ValueError, TypeError):
+        except (OSError, CorruptEntry):
             continue  # half-visible or corrupt: `cache verify` removes those
         rows.append((used, path.name, path, size))
     res = GCResult()

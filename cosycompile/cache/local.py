@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import re
 import os
 import shutil
 import time
@@ -51,7 +52,35 @@ class StoreFull(UserError):
 
 
 class CorruptEntry(Exception):
-    """An entry whose files do not match its recorded digests."""
+    """An entry whose files do not match its recorded digests, or whose entry.json is not one."""
+
+
+MAX_ENTRY_BYTES = 16 << 20  # an entry.json lists a step's files: kB
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def read_entry(entry_file: Path) -> dict[str, Any]:
+    """The body of an ``entry.json``, checked for shape: this cache's version, the key its folder is
+    named after, and ``files`` mapping safe relative paths to ``[size, sha256]``. Anything else is a
+    :class:`CorruptEntry` (so every cache tool reports and removes it rather than failing on it)."""
+    from cosycompile.core.bounded_read import BoundError, read_text
+
+    try:
+        meta = json.loads(read_text(entry_file, MAX_ENTRY_BYTES, "an entry.json"))
+    except (BoundError, ValueError, RecursionError) as exc:
+        raise CorruptEntry(f"entry.json unreadable ({exc.__class__.__name__})") from None
+    if not isinstance(meta, dict) or meta.get("version") != ENTRY_VERSION or meta.get("key") != entry_file.parent.name:
+        raise CorruptEntry("entry header does not match its key")
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        raise CorruptEntry("entry has no file list")
+    for rel, rec in files.items():
+        parts = rel.split("/") if isinstance(rel, str) else [".."]
+        if rel.startswith("/") or any(x in ("", ".", "..") for x in parts) or not (
+                isinstance(rec, list) and len(rec) == 2 and type(rec[0]) is int and rec[0] >= 0
+                and isinstance(rec[1], str) and _SHA256.fullmatch(rec[1])):
+            raise CorruptEntry(f"file record {str(rel)[:80]!r} is not a safe path with [size, sha256]")
+    return meta
 
 
 class Store:
@@ -88,9 +117,7 @@ class Store:
         if not entry_file.exists():
             return None
         try:
-            meta = json.loads(entry_file.read_text())
-            if meta.get("key") != key or meta.get("version") != ENTRY_VERSION:
-                raise CorruptEntry("entry header does not match its key")
+            meta = read_entry(entry_file)
             if verify:
                 self._verify(path, meta)
         except (CorruptEntry, OSError, ValueError):
@@ -118,7 +145,7 @@ class Store:
             count += 1
             path = entry_file.parent
             try:
-                meta = json.loads(entry_file.read_text())
+                meta = read_entry(entry_file)
                 if full:
                     for rel, (size, digest) in meta["files"].items():
                         if sha256_file(path / "data" / rel) != digest:
