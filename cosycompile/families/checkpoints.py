@@ -75,7 +75,7 @@ def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -
         raise ModelError(f"{path}: {k} is {str(sd[k].dtype).removeprefix('torch.')}; the {stage} network's is "
                          f"{str(own[k].dtype).removeprefix('torch.')}")
     for k, v in sd.items():
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+        if v.is_floating_point() and not v.is_meta and not bool(torch.isfinite(v).all()):
             raise ModelError(f"{path}: {k} holds NaN or Inf weights")
 
 

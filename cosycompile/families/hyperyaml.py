@@ -159,6 +159,19 @@ def read_cosyvoice_yaml(path: Path) -> dict[str, Any]:
         raise ModelError(f"{path}: unresolvable !ref ({exc})") from None
 
 
+# Upper bounds on the structural sizes of any CosyVoice generation's networks, generous (CosyVoice2's
+# Qwen2 body has 24 layers, 14 heads, 151,936 rows; the CosyVoice3 DiT 22 blocks of 16 heads).
+_COUNT, _WIDTH = 512, 1 << 18
+SIZE_LIMITS = {
+    **dict.fromkeys(("num_hidden_layers", "num_layers", "num_blocks", "n_blocks", "num_mid_blocks", "num_up_blocks",
+                     "depth"), _COUNT),
+    **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "attention_heads", "num_heads", "heads"), _COUNT),
+    **dict.fromkeys(("hidden_size", "intermediate_size", "vocab_size", "linear_units", "output_size", "input_size",
+                     "dim", "dim_head", "attention_head_dim", "mel_dim", "spk_dim", "spk_embed_dim", "in_channels",
+                     "out_channels", "speech_token_size"), _WIDTH),
+}
+
+
 def args(node: Any) -> dict[str, Any]:
     """Constructor arguments of a ``!new:`` node (or the mapping itself); ``{}`` for anything else."""
     if isinstance(node, Tagged):
@@ -210,6 +223,10 @@ class Section:
                 pass
         if not ok:
             self.fail(f"'{key}' must be {kind.__name__}, got {value!r}")
+        if kind is int and key in SIZE_LIMITS and not 1 <= value <= SIZE_LIMITS[key]:
+            # Checked before any network is built, even on the meta device: a count of 200,000 layers
+            # would take minutes and gigabytes to refuse later, and 0 heads divides by zero.
+            self.fail(f"'{key}: {value}' is outside 1..{SIZE_LIMITS[key]:,}")
         return kind(value) if kind in (int, float) else value
 
     def ints(self, key: str, default: tuple[int, ...] | None = None) -> tuple[int, ...]:

@@ -313,6 +313,23 @@ def _int_weight(tmp, model):
     return ["build", str(_recipe(tmp, model=model))], ["llm.pt", key, "is int32", "float32"]
 
 
+@case("model-config-200000-layers")
+def _many_layers(tmp, model):
+    cfg = model / "CosyVoice-BlankEN" / "config.json"
+    body = json.loads(cfg.read_text()) | {"num_hidden_layers": 200_000}
+    cfg.write_text(json.dumps(body))
+    return ["build", str(_recipe(tmp, model=model))], ["config.json", "num_hidden_layers: 200000", "outside 1..512"]
+
+
+@case("model-config-zero-heads")
+def _zero_heads(tmp, model):
+    cfg = model / "cosyvoice2.yaml"
+    text = cfg.read_text()
+    assert "attention_heads: 2" in text
+    cfg.write_text(text.replace("attention_heads: 2", "attention_heads: 0", 1))
+    return ["build", str(_recipe(tmp, model=model))], ["cosyvoice2.yaml", "attention_heads: 0", "outside 1..512"]
+
+
 @case("checkpoint-symlink-to-device")
 def _dev(tmp, model):
     (model / "hift.pt").unlink()
