@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-gpu bench bench-gpu gpu-wheels lint clean
+.PHONY: install demo test test-fast test-gpu fuzz bench bench-gpu gpu-wheels lint clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+# The property-based hostile inputs of tests/hostile/test_fuzz.py, long and random (CI runs 40
+# seeded examples per target); FUZZ_EXAMPLES sets how many.
+FUZZ_EXAMPLES ?= 5000
+fuzz: install
+	COSYCOMPILE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) COSYCOMPILE_FUZZ_RANDOM=1 $(PY) -m pytest -q -p no:cacheprovider tests/hostile/test_fuzz.py
 
 # On a machine with a CUDA GPU: the tests that need one. `install` pins the CPU build of torch; on a
 # GPU machine whose own Python already holds a CUDA build (and maybe no network), name that Python:

@@ -94,7 +94,10 @@ def load_located(path: Path) -> Located:
         raise RecipeError(f"{src}: not UTF-8 text (byte {exc.start}); a recipe is a UTF-8 YAML file") from None
     except OSError as exc:
         raise RecipeError(f"{src}: cannot read recipe ({exc.__class__.__name__}: {exc})") from None
-    loader = _StrictLoader(text)
+    try:
+        loader = _StrictLoader(text)  # its reader refuses control characters here, before composing
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{src}: malformed YAML: {str(exc).splitlines()[0]}") from None
     try:
         node = yaml_limits.compose(loader)
     except yaml_limits.YAMLLimitError as exc:

@@ -149,6 +149,20 @@ def _baseline_bad(tmp, model):
     return ["build", str(p)], ["base.json", "not valid JSON"]
 
 
+@case("recipe-control-character")
+def _control(tmp, model):
+    p = tmp / "ctl.yaml"
+    p.write_text("name: a\x1fb\n")
+    return ["build", str(p)], ["ctl.yaml", "malformed YAML", "special characters are not allowed"]
+
+
+@case("recipe-nul-byte")
+def _nul(tmp, model):
+    p = tmp / "nul.yaml"
+    p.write_bytes(b"name: x\nmodel: builtin:tiny\x00\n")
+    return ["build", str(p)], ["nul.yaml", "malformed YAML"]
+
+
 @case("recipe-name-is-a-path")
 def _name(tmp, model):
     p = tmp / "name.yaml"
