@@ -263,3 +263,14 @@ def test_tuples_and_floats_still_read_from_plain_yaml(tmp_path: Path) -> None:
     recipe = load_recipe(ok)
     assert recipe.validation.speed.min_seconds == 2.0
     assert recipe.typed("flow")["options"].rewrites == ("mish",)
+
+
+def test_names_fit_a_file_system_and_calibration_is_not_the_eval_set(tmp_path: Path) -> None:
+    msg = _err(tmp_path, f"extends: {REPO / 'recipes' / 'base.yaml'}\nname: {'a' * 300}\n")
+    assert "bad.yaml:2" in msg and "key 'name': String should have at most 200 characters" in msg, msg
+    same = f"calibration: {{set: {REPO / 'calib_data' / 'eval'}}}\n"
+    msg = _err(tmp_path, BASE + same)
+    assert "bad.yaml:3" in msg and "is the eval set" in msg and "calibration.same_as_eval: true" in msg, msg
+    on_purpose = write_recipe(tmp_path / "ok.yaml", {"name": "x", "calibration": {
+        "set": str(REPO / "calib_data" / "eval"), "same_as_eval": True}})
+    assert load_recipe(on_purpose).calibration.same_as_eval

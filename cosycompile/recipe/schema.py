@@ -79,6 +79,8 @@ class CalibrationSpec(_Strict):
     set: str = Field("../calib_data/calib", description="folder with manifest.jsonl, relative to the recipe file")
     max_items: int = Field(16, ge=1, le=10_000)
     sampling: SamplingSpec = SamplingSpec()
+    same_as_eval: bool = Field(False, description="allow the eval set as calibration set (quality figures then "
+                                                  "overstate the engine's quality on unseen text)")
     max_estimator_calls: int = Field(64, ge=1, le=100_000, description="CFM estimator inputs kept (spread over steps/items)")
 
 
@@ -115,7 +117,8 @@ class ValidationSpec(_Strict):
 class Recipe(_Strict):
     """A validated recipe. ``source`` and ``base_dir`` are filled in by :func:`load_recipe`."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    # A bundle folder is "<name>-<key12>": 200 characters keep it within the 255 a file system takes.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)
     description: str = ""
     model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a model dir; or a mapping "
                                    "{path: <that>, family: <name>} naming the model family (model.family), "
@@ -332,6 +335,11 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
             f"{located.where(('target',))}: unknown target '{recipe.target}' (known: {', '.join(sorted(TARGETS))})"
         )
     target = TARGETS[recipe.target]
+    calib, evals = (Path(recipe.resolve_path(x)).resolve() for x in (recipe.calibration.set, recipe.validation.eval_set))
+    if calib == evals and not recipe.calibration.same_as_eval:
+        raise RecipeError(f"{located.where(('calibration', 'set'))}: calibration set {calib} is the eval set; quantizing "
+                          "on the data it is judged on overstates its quality (set calibration.same_as_eval: true "
+                          "to do it on purpose)")
     metrics = registry()
     for kind in ("min", "max"):
         for metric, value in getattr(recipe.validation.gate, kind).items():
