@@ -171,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-chars {args.max_chars}: too short to hold a phrase (at least 10)")
     if args.prompt_text is not None and args.prompt_wav is None:
         raise UserError("--prompt-text needs --prompt-wav (the prompt's text is what its audio says)")
+    if args.prompt_text is not None:
+        from cosycompile.runtime.dataset import check_prompt_text
+
+        check_prompt_text(args.prompt_text, "--prompt-text")
     out: Path = args.out
     check_out_file(out, "--out", "give the wav file's name")
     bundle: Path = args.bundle

@@ -113,6 +113,7 @@ def _items(row: object, where: str, root: Path, seen: set[str]) -> list[Item]:
         raise DataError(f"{where}: text {text[:20]!r} has nothing to speak (no letters or digits)")
     wav = _prompt_path(row.get("prompt_wav") or "", where, root)
     lang, prompt_text = row.get("lang", ""), row.get("prompt_text", "")
+    check_prompt_text(prompt_text, f"{where}: 'prompt_text'")
     if text_weight(text) <= MAX_ITEM_WEIGHT:
         return [Item(item_id, text, lang, prompt_text, wav)]
     pieces = [p for p in split_text(text, PIECE_WEIGHT) if speakable(p)]
@@ -124,6 +125,15 @@ def _items(row: object, where: str, root: Path, seen: set[str]) -> list[Item]:
         seen.add(pid)
         out.append(Item(pid, piece, lang, prompt_text, wav))
     return out
+
+
+def check_prompt_text(prompt_text: str, where: str) -> None:
+    """A prompt's text says what its audio (at most 30 s) says: longer than one item's bound, it is
+    not that text, and the LM's prefix would grow with it. DataError naming ``where``."""
+    weight = text_weight(prompt_text)
+    if weight > MAX_ITEM_WEIGHT:
+        raise DataError(f"{where}: {weight} English-character equivalents; a prompt's text (what at most "
+                        f"{MAX_PROMPT_SECONDS:.0f} s of audio says) is at most {MAX_ITEM_WEIGHT}")
 
 
 def _prompt_path(rel: str, where: str, root: Path) -> Path | None:

@@ -236,6 +236,12 @@ def _one_hz(tmp, model):
     return args, ["eval-prompt-00.wav", "1 Hz", "8-192 kHz"]
 
 
+@case("prompt-text-10000-chars")
+def _long_prompt_text(tmp, model):
+    # Used to reach the LM's prefix whole: 3 GB of attention for one item.
+    return _build(tmp, prompt_text="a prompt that goes on " * 455), ["manifest.jsonl:1", "'prompt_text'", "at most 400"]
+
+
 @case("text-whitespace-only")
 def _ws(tmp, model):
     return _build(tmp, text=" \t \u3000 "), ["manifest.jsonl:1", "nothing to speak"]
