@@ -433,3 +433,15 @@ def test_text_file_that_never_ends_is_refused(tmp_path: Path) -> None:
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.strip() == "cosycompile: error: /dev/zero: is a character device, not a regular file"
     assert not (tmp_path / "o.wav").exists()
+
+
+def test_a_megabyte_without_a_sentence_end_splits_within_the_bound() -> None:
+    """The largest --text-file (1 MiB) as one unbroken CJK run: split within the hostile bound
+    (cutting it used to re-weigh and re-slice the rest per piece: minutes)."""
+    from cosycompile.runtime.text import split_text, text_weight
+
+    text = "这是一个测试" * (1_000_000 // 6)
+    t0 = time.perf_counter()
+    pieces = split_text(text, 80)
+    assert time.perf_counter() - t0 < MAX_SECONDS
+    assert "".join(pieces) == text and all(text_weight(p) <= 80 for p in pieces)
