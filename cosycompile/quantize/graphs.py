@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from cosycompile.core.graph import StepContext
 from cosycompile.errors import RecipeError
-from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, link_or_copy, read_graphs_dir
+from cosycompile.core.files import link_or_copy
+from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, read_graphs_dir
 
 _OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
         "MatMul", "Conv")

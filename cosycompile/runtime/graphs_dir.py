@@ -8,11 +8,11 @@ stage's runtime constants. Engine dirs use the same format with an ``engine.json
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from cosycompile.core.files import link_or_copy
 
 MANIFEST = "graphs.json"
 
@@ -46,15 +46,6 @@ def read_graphs_dir(root: Path) -> GraphsDir:
     """Read the manifest of a graphs or engine dir."""
     body = json.loads((root / MANIFEST).read_text())
     return GraphsDir(root, body["stage"], body["graphs"], body.get("assets", {}), body.get("info", {}))
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-link cache-immutable files (big embedding tables) instead of copying them."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def copy_assets(src: GraphsDir, dst_root: Path) -> GraphsDir:

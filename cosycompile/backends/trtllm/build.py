@@ -18,7 +18,8 @@ from typing import Any
 from cosycompile.backends.trtllm import LEGACY_CONTAINER, Options, build_problem, flow, version
 from cosycompile.errors import BackendUnavailable, ModelError
 from cosycompile.recipe.targets import Target
-from cosycompile.runtime.graphs_dir import GraphsDir, link_or_copy, read_graphs_dir
+from cosycompile.core.files import link_or_copy
+from cosycompile.runtime.graphs_dir import GraphsDir, read_graphs_dir
 
 OPTIONS_FILE = "llm_api_options.yaml"
 CHECKPOINT = "hf"  # the rewrite inside the engine dir (>= 1.3)
@@ -118,7 +119,7 @@ def _build_legacy(src: Path, hf: Path, options: Options, precision: str, out: Pa
         if not (quantized / "config.json").is_file():
             raise ModelError(f"{src}: TensorRT-LLM {version()} builds from a TensorRT-LLM checkpoint; add 'trtllm' to "
                              f"stages.llm.quantize.exports (or use TensorRT-LLM >= 1.3, or {LEGACY_CONTAINER})")
-        shutil.copytree(quantized, ckpt, copy_function=_link)
+        shutil.copytree(quantized, ckpt, copy_function=link_or_copy)
         dtype = json.loads((ckpt / "config.json").read_text()).get("dtype", dtype)
     for name in ("cosycompile_llm.json", "prefix_embeddings.safetensors"):
         if (hf / name).is_file():
@@ -145,7 +146,7 @@ def _convert_checkpoint(hf: Path, dst: Path, dtype: str) -> None:
 
 def _copy_checkpoint(src: Path, dst: Path, dtype: str | None) -> None:
     """Link the checkpoint's files into the engine dir; cast the weights when ``dtype`` asks for it."""
-    shutil.copytree(src, dst, copy_function=_link)
+    shutil.copytree(src, dst, copy_function=link_or_copy)
     if dtype in (None, "auto", "float32"):
         return
     import torch
@@ -163,10 +164,6 @@ def _copy_checkpoint(src: Path, dst: Path, dtype: str | None) -> None:
 
 def _quantization(ckpt: Path) -> dict[str, Any] | None:
     return json.loads((ckpt / "config.json").read_text()).get("quantization_config")
-
-
-def _link(src: str, dst: str) -> None:
-    link_or_copy(Path(src), Path(dst))
 
 
 def _env() -> dict[str, str]:

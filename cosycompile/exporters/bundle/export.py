@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from cosycompile.core.files import link_or_copy
 from cosycompile import __version__
 from cosycompile.cache.local import Store
 from cosycompile.core.graph import BuildResult
@@ -63,12 +64,12 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
     recipe = plan.recipe
     try:
         for stage, steps in plan.stage_steps.items():
-            shutil.copytree(result.entries[steps["engine"].name].data, tmp / "engines" / stage, copy_function=_link)
+            shutil.copytree(result.entries[steps["engine"].name].data, tmp / "engines" / stage, copy_function=link_or_copy)
         for f in result.entries[plan.final.name].data.iterdir():
             if f.is_file():
-                _link(str(f), str(tmp / f.name))
+                link_or_copy(f, tmp / f.name)
             else:
-                shutil.copytree(f, tmp / f.name, copy_function=_link)
+                shutil.copytree(f, tmp / f.name, copy_function=link_or_copy)
         _copy_frontend(recipe, result, tmp / FRONTEND_DIR, plan.family)
         manifest = {
             "schema": MANIFEST_SCHEMA,
@@ -144,20 +145,12 @@ def _copy_frontend(recipe: Any, result: BuildResult, out: Path, family: Any) -> 
 
     if recipe.model.startswith(BUILTIN_PREFIX):
         # A built-in model is the ``model`` step's cache entry: immutable, so hard links are safe.
-        src, copy = result.entries["model"].data, _link
+        src, copy = result.entries["model"].data, link_or_copy
     else:
         # A real model dir belongs to the user and may be edited in place: copy, never link.
         src, copy = recipe.resolve_path(recipe.model), _copy
     for rel in frontend_files(src, family):
         copy(str(src / rel), str(out / rel))
-
-
-def _link(src: str, dst: str) -> None:
-    Path(dst).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def _copy(src: str, dst: str) -> None:

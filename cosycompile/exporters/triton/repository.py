@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cosycompile import __version__
+from cosycompile.core.hashing import sha256_file
 from cosycompile.errors import UserError
 from cosycompile.exporters.triton.config import ModelConfig
 
@@ -84,7 +85,7 @@ class Writer:
         dst = self.root / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(self.bundle / "manifest.json", dst)
-        self.files[rel] = _sha256(dst)
+        self.files[rel] = sha256_file(dst)
 
     def config(self, cfg: ModelConfig, role: str) -> None:
         """Write ``<model>/config.pbtxt`` and record the model's role for ``repository.json``."""
@@ -111,7 +112,7 @@ def verify_bundle(bundle: Path, manifest: dict[str, Any]) -> None:
     for rel, digest in sorted(manifest["files"].items()):
         path = bundle / rel
         try:
-            got = _sha256(path)
+            got = sha256_file(path)
         except OSError as exc:
             raise UserError(f"{path}: unreadable ({exc.strerror or exc}); copy the bundle again") from None
         if got != digest:
@@ -164,7 +165,3 @@ def read_repository_json(root: Path) -> dict[str, Any] | None:
         return None
     return data if isinstance(data, dict) else None
 
-
-def _sha256(path: Path) -> str:
-    with path.open("rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

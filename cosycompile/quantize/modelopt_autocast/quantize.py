@@ -34,7 +34,8 @@ import numpy as np
 from cosycompile.core.graph import StepContext
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.calibrate import load_records
-from cosycompile.runtime.graphs_dir import copy_assets, link_or_copy, read_graphs_dir
+from cosycompile.core.files import link_or_copy
+from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 
 from .scan import FP16_MAX, Hazard, clamp, find_hazards, keep_fp32_covers
 
