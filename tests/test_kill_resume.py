@@ -14,25 +14,31 @@ from pathlib import Path
 from helpers import EVAL_SET, REPO, write_recipe
 
 
-def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
+def _build_until_staging(tmp_path: Path, name: str, victim: str) -> tuple[subprocess.Popen, Path, Path]:
+    """(process, artifacts, recipe) of a cpu-fp32 build started in the background and let run until
+    step ``victim`` is running and has its staging dir, i.e. while it is writing."""
     art = tmp_path / "art"
     recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "killme",
+        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": name,
         "validation": {"eval_set": str(EVAL_SET), "max_items": 1},
     })
     proc = subprocess.Popen([sys.executable, "-u", "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art)],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    victim = "flow.export"
     deadline = time.time() + 300
     assert proc.stderr is not None
     for line in proc.stderr:
         if victim in line and "running" in line:
             break
         assert time.time() < deadline
-    # Kill once the step has its staging dir, i.e. while it is writing.
     while not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]:
         time.sleep(0.01)
         assert time.time() < deadline
+    return proc, art, recipe
+
+
+def test_sigkill_mid_step_then_resume(tmp_path: Path) -> None:
+    victim = "flow.export"
+    proc, art, recipe = _build_until_staging(tmp_path, "killme", victim)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     staged = [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]
@@ -65,24 +71,10 @@ def _verify(art: Path) -> tuple[int, list[str]]:
 def test_sigterm_mid_step_unwinds_like_ctrl_c(tmp_path: Path) -> None:
     """SIGTERM (what a CI runner or a container stop sends) mid-step: exit 143, one line, the running
     step's staging dir removed and nothing of it committed; the steps finished before stay cached."""
-    art = tmp_path / "art"
-    recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "termme",
-        "validation": {"eval_set": str(EVAL_SET), "max_items": 1},
-    })
-    proc = subprocess.Popen([sys.executable, "-u", "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art)],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     victim = "flow.export"
-    deadline = time.time() + 300
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        if victim in line and "running" in line:
-            break
-        assert time.time() < deadline
-    while not [p for p in (art / "cache" / "tmp").glob("*") if not p.name.startswith(".")]:
-        time.sleep(0.01)
-        assert time.time() < deadline
+    proc, art, _ = _build_until_staging(tmp_path, "termme", victim)
     os.kill(proc.pid, signal.SIGTERM)
+    assert proc.stderr is not None
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 143, rest[-2000:]
     assert "Traceback" not in rest
