@@ -31,6 +31,9 @@ def read_manifest(path: Path) -> dict[str, Any]:
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
         raise UserError(f"{path}: has no 'files' list of digests (a bundle from an older cosycompile: "
                         f"rebuild it with: cosycompile build <recipe>)")
+    unsafe = next((k for k in files if not k or safe_relpath(k) != k or k == MANIFEST), None)
+    if unsafe is not None:
+        raise UserError(f"{path}: lists {unsafe[:80]!r}, not a plain relative path inside the bundle")
     sizes = manifest.get("sizes")
     if sizes is not None and (not isinstance(sizes, dict) or set(sizes) != set(files) or not all(
             type(v) is int and v >= 0 for v in sizes.values())):

@@ -75,15 +75,14 @@ def _bundle_parts(bundle: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _verify_frontend(bundle: Path, manifest: dict[str, Any]) -> None:
     """The front end's files match the manifest (engines are checked by their passports when they load)."""
-    import hashlib
+    from cosycompile.core.hashing import sha256_file
 
     prefix = f"{FRONTEND_DIR}/"
     for rel, digest in sorted(manifest["files"].items()):
         if rel.startswith(prefix):
             path = bundle / rel
             try:
-                with path.open("rb") as f:
-                    got = hashlib.file_digest(f, "sha256").hexdigest()
+                got = sha256_file(path)
             except OSError as exc:
                 raise UserError(f"{path}: unreadable ({exc.strerror or exc}); copy the bundle again") from None
             if got != digest:

@@ -35,7 +35,13 @@ def digest_obj(obj: Any) -> str:
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, streamed."""
+    """Hex sha256 of a regular file's bytes, streamed. Anything else (a FIFO would block the open, a
+    device never end) is an OSError saying so, which callers word as an unreadable file."""
+    import errno
+    import stat
+
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):

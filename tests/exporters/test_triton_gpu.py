@@ -213,3 +213,27 @@ def test_front_model_prompt_text_is_the_cpu_runtimes(tiny_models: dict, family: 
     assert bls.prompt_text_ids("A prompt.", "Hello there.") == with_prompt
     marked = "Speak slowly.<|endofprompt|>"
     assert bls.prompt_text_ids("", marked) == []  # the text carries its own instruction
+
+
+@pytest.mark.parametrize("how", ["fifo", "outside"])
+def test_a_bundle_listing_a_fifo_or_a_path_outside_is_refused(tiny_models: dict, tmp_path: Path, how: str) -> None:
+    """A listed file that is a FIFO (reading it would block forever) or a listed path that climbs out of
+    the bundle: refused in one line before anything is written or read outside."""
+    import os
+
+    bundle = _gpu_bundle(tmp_path, tiny_models["cosyvoice2"][1])
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    if how == "fifo":
+        target = bundle / "frontend" / "campplus.onnx"
+        target.unlink()
+        os.mkfifo(target)
+    else:
+        manifest["files"]["../../outside.txt"] = "0" * 64
+        manifest["sizes"] = {k: 0 for k in manifest["files"]}
+        (bundle / "manifest.json").write_text(json.dumps(manifest))
+    line = one_line_error(run_cli("triton", str(bundle), "--out", str(tmp_path / "repo"), "--llm-url", "http://x:1"))
+    if how == "fifo":
+        assert "campplus.onnx" in line and "not a regular file" in line, line
+    else:
+        assert "'../../outside.txt', not a plain relative path inside the bundle" in line, line
+    assert not (tmp_path / "repo").exists()
