@@ -100,11 +100,12 @@ class Options(BaseModel):
                 raise ValueError(f"profile of dim '{name}' must be [min, opt, max] with 0 <= min <= opt <= max")
         return profiles
 
-    @model_validator(mode="wrap")
-    @classmethod
-    def _against_target(cls, data: Any, handler: Any, info: Any) -> "Options":
+    # "after", not "wrap": a wrap validator hands the field validation Python data, and in the recipe's
+    # strict JSON mode a list is then no tuple (the profiles' [min, opt, max]).
+    @model_validator(mode="after")
+    def _against_target(self, info: Any) -> "Options":
         target = _take_target(info.context)
-        options = handler(data)
+        options = self
         flavour = resolve_flavour(options.flavour, target) if target is not None else options.flavour
         if options.builder_fp16 and flavour == "rtx":
             raise _error("builder_fp16", True, "builder_fp16 is TensorRT 10's FP16 flag; TensorRT-RTX takes precision "
