@@ -22,10 +22,11 @@ each written to the JSON as soon as it ends, so a call stopped at its limit keep
   a ``-tuned`` suffix: Inductor's coordinate-descent search of its kernels' launch configurations).
   The step reads q/k/v and gate/up as one matrix each, as ``LLMStaticStep`` does since the H100 lease
   of 2026-11-27 (commit 026b594 measured them apart as ``bf16`` and merged as ``bf16-fused``);
-- ``format=fused-WEIGHTS[/TILING]``: the step as hand-fused Triton kernels
+- ``format=fused-WEIGHTS[/TILING][@B+B...]``: the step as hand-fused Triton kernels
   (``cosycompile/backends/torch/fused_decode.py``: five a layer), weights bf16, fp8 or int8 (one scale
-  per row, activations float32), at each of ``--fused-batches``; ``--pipeline-llm fused-bf16`` runs
-  the pipeline phase on it;
+  per row, activations float32), at each of ``--fused-batches`` (or the batches after ``@``); the
+  tiling ``best`` is the one of the fastest batch-1 fused row timed so far in the run (a sweep of
+  tilings, then ``fused-fp8/best``); ``--pipeline-llm fused-bf16/best`` runs the pipeline phase on it;
 - ``batch8``: the compiled BF16 step at batch 8; ``aoti``: the BF16 static step as an AOTInductor
   package (what the torch backend builds), if time is left.
 
@@ -44,6 +45,7 @@ import copy
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -349,23 +351,40 @@ def main() -> int:
         decode_row(fmt + (f" ({n} linears)" if n else ""), loop_name + ", compiled", step, eager, 1,
                    torch.bfloat16, compile_s)
 
-    def fused_format(fmt: str) -> None:
-        """Decode rows (one per ``--fused-batches``) of the hand-fused Triton step,
-        ``fused-WEIGHTS[/TILING]``: weights bf16, fp8 or int8, a tiling named in ``_tilings()``."""
+    def fused_name(fmt: str) -> tuple[str, str, str, list[int]]:
+        """``fused-WEIGHTS[/TILING][@B+B]`` as (row name, weights, tiling, batches), ``best`` resolved."""
+        fmt, _, at = fmt.partition("@")
+        weights, _, tiling = fmt.partition("-")[2].partition("/")
+        tiling = tiling or "default"
+        if tiling == "best":
+            rows = [r for r in out["decode"] if r["format"].startswith("fused-") and r["batch"] == 1]
+            if not rows:
+                raise ValueError("tiling 'best' needs a fused batch-1 row timed before it")
+            tiling = min(rows, key=lambda r: r["ms_per_token"])["format"].partition("/")[2] or "default"
+        if tiling not in _tilings():
+            raise ValueError(f"unknown tiling '{tiling}' (known: {', '.join(_tilings())})")
+        batches = [int(b) for b in (at.split("+") if at else args.fused_batches.split(","))]
+        weights = weights or "bf16"
+        return f"fused-{weights}" + ("" if tiling == "default" else f"/{tiling}"), weights, tiling, batches
+
+    def fused_format(fmt: str) -> str:
+        """Decode rows (one per batch) of the hand-fused Triton step ``fmt`` (see ``fused_name``);
+        returns the row name, under which ``compiled`` keeps the step."""
         from cosycompile.backends.torch.fused_decode import FusedDecodeStep
 
-        weights, _, tiling = fmt.partition("-")[2].partition("/")
+        fmt, weights, tiling, batches = fused_name(fmt)
         t0 = time.perf_counter()
-        step = FusedDecodeStep(LLMStaticStep(bf16).eval(), weights or "bf16", _tilings()[tiling or "default"])
+        step = FusedDecodeStep(LLMStaticStep(bf16).eval(), weights, _tilings()[tiling])
         dec = StaticCacheDecoder(step, device, cuda_graph=False)
         with torch.inference_mode():  # Triton compiles each kernel at its first launch
             dec.start(present.to(torch.bfloat16), 1)
             dec.step(follow[0].to(torch.bfloat16))
         sync(torch, device)
         compiled[fmt] = step
-        for batch in (int(b) for b in args.fused_batches.split(",")):
+        for batch in batches:
             decode_row(fmt, loop_name + ", Triton kernels", step, step, batch, torch.bfloat16,
                        time.perf_counter() - t0 if batch == 1 else 0.0)
+        return fmt
 
     def run_phase(phase: str) -> None:
         """One entry of --phases."""
@@ -374,13 +393,14 @@ def main() -> int:
             decode_row("bf16", loop_name + " (eager, no compile)", plain, plain, 1, torch.bfloat16, 0.0)
             compiled_format("bf16")
         elif phase == "pipeline":
-            if args.pipeline_llm not in compiled:
-                if args.pipeline_llm.startswith("fused"):
-                    fused_format(args.pipeline_llm)
+            name = fused_name(args.pipeline_llm)[0] if args.pipeline_llm.startswith("fused") else args.pipeline_llm
+            if name not in compiled:
+                if name.startswith("fused"):
+                    fused_format(name + "@1")
                 else:
-                    compiled[args.pipeline_llm] = compiled_step(LLMStaticStep(bf16))[0]
-            out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled[args.pipeline_llm], args)
-            out["pipeline"]["llm_step"] = args.pipeline_llm
+                    compiled[name] = compiled_step(LLMStaticStep(bf16))[0]
+            out["pipeline"] = pipeline_phase(torch, models, parts, device, compiled[name], args)
+            out["pipeline"]["llm_step"] = name
         elif phase.startswith("format=fused"):
             fused_format(phase.split("=", 1)[1])
         elif phase.startswith("format="):
@@ -435,10 +455,27 @@ def _tilings() -> dict[str, Any]:
     """Launch shapes the fused-* formats may name after a slash (``fused-bf16/wide``)."""
     from cosycompile.backends.torch.fused_decode import Tiling
 
-    return {"default": Tiling(),
+    tilings = {"default": Tiling(),
             "wide": Tiling(qkv_pairs=8, o_rows=8, gate_up_rows=16, down_rows=8, head_rows=32),
             "narrow": Tiling(qkv_pairs=2, o_rows=2, gate_up_rows=4, down_rows=2, head_rows=8, num_warps=2),
             "onepass": Tiling(qkv_k=1024, o_k=1024, gate_up_k=1024, down_k=1024, head_k=1024, num_warps=8)}
+    # The H200 lease of 2026-11-28 found onepass (a whole 896-wide row per loop turn) fastest; the
+    # variants around it: programmatic dependent launches, down_proj's 4864-long reduction split in
+    # four, half the rows a program, four warps, twice the gate/up rows.
+    one = tilings["onepass"]
+    tilings.update({
+        "op-pdl": replace(one, pdl=True),
+        "op-split": replace(one, down_k=512, down_split=4),
+        "op-split-pdl": replace(one, down_k=512, down_split=4, pdl=True),
+        "op-narrow": replace(one, qkv_pairs=2, o_rows=2, gate_up_rows=4, down_rows=2, head_rows=8, num_warps=4),
+        "op-narrow-pdl": replace(one, qkv_pairs=2, o_rows=2, gate_up_rows=4, down_rows=2, head_rows=8, num_warps=4,
+                                 pdl=True),
+        "op-w4": replace(one, num_warps=4),
+        "op-w4-pdl": replace(one, num_warps=4, pdl=True),
+        "op-gu16-pdl": replace(one, gate_up_rows=16, pdl=True),
+        "op-split2-pdl": replace(one, down_k=1024, down_split=2, o_split=2, o_k=512, pdl=True),
+    })
+    return tilings
 
 
 def aoti_step(torch: Any, module: Any, present: Any, follow: Any, art: Path, device: str) -> Any:

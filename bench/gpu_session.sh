@@ -85,11 +85,18 @@ for piece in $PIECES; do
       cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/" 2>/dev/null ;;
     fused)
       # The compiled kernels' correctness first (a minute): a failing check leaves the lease for a fix.
+      # The split-reduction and dependent-launch check does not gate: those tilings' rows carry their
+      # own logit cosine, and the others do not use them.
       run fused-test 110 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/backends/test_fused_decode.py \
-        || { note "fused: kernels failed their CUDA check, bench skipped"; continue; }
+        -k compiled_kernels || { note "fused: kernels failed their CUDA check, bench skipped"; continue; }
+      run fused-test-split-pdl 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/test_fused_decode.py \
+        -k dependent_launches
+      # The lease of 2026-11-28 (H200) ran the first tilings; this sweeps the variants of its fastest
+      # at batch 1, then takes the best one to batch 8, FP8, INT8 and the pipeline.
+      sweep=onepass,op-pdl,op-split,op-split-pdl,op-narrow,op-narrow-pdl,op-w4,op-w4-pdl,op-gu16-pdl,op-split2-pdl
       run fused 560 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
-        --phases format=fused-bf16,format=fused-fp8,format=bf16,pipeline,format=fused-bf16/wide,format=fused-bf16/narrow,format=fused-int8,format=fused-bf16/onepass \
-        --pipeline-llm fused-bf16 --budget $(($(left) < 560 ? $(left) - 40 : 520))
+        --phases "${FUSED_PHASES:-$(echo "$sweep" | sed 's/\([^,]*\)/format=fused-bf16\/\1@1/g'),format=fused-bf16/best@8,format=fused-fp8/best,format=fused-int8/best@1,pipeline}" \
+        --pipeline-llm fused-bf16/best --budget $(($(left) < 560 ? $(left) - 40 : 520))
       cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/gpu_inductor-cuda-fused.json" 2>/dev/null ;;
     bound)
       run bound 150 python3 bench/decode_bound.py --device cuda --threads "$THREADS" --tokens 48 --artifacts "$ART" \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -69,7 +70,10 @@ def main() -> int:
     # one. Few programs a launch: the interpreter runs them one after the other.
     small = Tiling(qkv_pairs=8, qkv_k=32, o_rows=32, o_k=32, gate_up_rows=64, gate_up_k=64, down_rows=32,
                    down_k=64, head_rows=64, head_k=32, attn_positions=4, num_warps=1, num_stages=1)
+    # o_proj and down_proj cut into reduction slices added atomically; down's last slice is partial.
+    split = replace(small, o_split=2, down_split=3, down_k=32, o_rows=64, down_rows=64)
     results = [run("fp32", 1, 7, 3, small), run("fp32", 2, 9, 2, small), run("fp32", 1, 3, 1, Tiling()),
+               {**run("fp32", 2, 5, 2, split), "split": True},
                *(run(w, 1, 7, 2, small) for w in ("bf16", "int8", "fp8"))]
     json.dump(results, sys.stdout)
     return 0

@@ -32,7 +32,8 @@ def results() -> list[dict]:
 
 def test_fp32_weights_give_the_static_steps_logits_and_cache(results: list[dict]) -> None:
     exact = [r for r in results if r["weights"] == "fp32"]
-    assert {(r["batch"], r["past"]) for r in exact} == {(1, 7), (2, 9), (1, 3)}
+    assert {(r["batch"], r["past"], r.get("split", False)) for r in exact} == {(1, 7, False), (2, 9, False),
+                                                                              (1, 3, False), (2, 5, True)}
     for r in exact:
         assert r["finite"]
         assert r["max_relative"] < 1e-5, r
@@ -49,7 +50,8 @@ def test_reduced_weights_keep_the_logits_direction(results: list[dict], weights:
 
 
 @pytest.mark.parametrize("tiling, message", [("qkv_pairs=32", "rotary pairs per program (32)"),
-                                             ("down_k=96", "powers of two (down_k=96)")])
+                                             ("down_k=96", "powers of two (down_k=96)"),
+                                             ("down_split=0", "at least 1 (down_split=0)")])
 def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -87,3 +89,25 @@ def test_compiled_kernels_in_a_cuda_graph_match_the_static_step() -> None:
     for weights, cosine in (("bf16", 0.999), ("int8", 0.995), ("fp8", 0.99)):
         r = check.run(weights, 1, 7, 4, Tiling(), "cuda")
         assert r["finite"] and r["min_cosine"] > cosine and r["max_relative"] > 1e-6, r
+
+
+@pytest.mark.gpu
+def test_split_reductions_and_dependent_launches_in_a_cuda_graph_match_the_static_step() -> None:
+    """Split o/down reductions (atomic adds) and programmatic dependent launches (Hopper on): a kernel
+    that read its predecessor's output before waiting for it would show as a logit error."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("no CUDA device of compute capability 9.0 or later")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    from cosycompile.backends.torch.fused_decode import Tiling
+
+    for tiling in (Tiling(o_split=2, down_split=3, down_k=32), Tiling(pdl=True),
+                   Tiling(o_split=2, down_split=3, down_k=32, pdl=True)):
+        for batch, past in ((1, 7), (8, 130)):
+            r = check.run("fp32", batch, past, 6, tiling, "cuda")
+            assert r["finite"] and r["max_relative"] < 1e-5 and r["cache_relative"] < 1e-5, (tiling, r)

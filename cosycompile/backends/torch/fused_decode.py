@@ -11,7 +11,8 @@ few microseconds. Here each layer is
 4. RMSNorm + the merged gate/up product + SiLU(gate) * up;
 5. down_proj + the residual add;
 
-and the head is one more (RMSNorm + product + bias): 5 L + 2 launches a token. The residual stream
+and the head is one more (RMSNorm + product + bias): 5 L + 2 launches a token. :class:`Tiling`
+says how each launch is cut into programs. The residual stream
 stays float32 between kernels; weights are BF16, or FP8 (e4m3) / INT8 with one scale per output row
 (weight-only: the activations stay float32, so a step reads half the weight bytes). The cache keeps
 the step's dtype.
@@ -34,6 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Triton >= 3.3; a kernel calls these only when its PDL flag is set
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: Tiling(pdl=True) fails at the first launch
+    gdc_launch_dependents = gdc_wait = None
+
 WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8")
 
 
@@ -41,7 +47,13 @@ WEIGHT_FORMATS = ("fp32", "bf16", "fp8", "int8")
 class Tiling:
     """Launch shapes of the kernels: rows of a weight matrix per program (``*_rows``; for the q/k/v
     kernel, rotary pairs per program), the slice of the reduction read per loop turn (``*_k``), cache
-    positions per attention loop turn, warps and pipelining depth."""
+    positions per attention loop turn, warps and pipelining depth.
+
+    ``o_split`` / ``down_split`` cut the reduction of o_proj / down_proj into that many programs a
+    row block, each adding its part into the residual stream atomically (more programs in flight for
+    matrices of few rows; the sum's order, so its last bits, then varies from run to run). ``pdl``
+    launches every kernel as a programmatic dependent launch (Hopper on): each waits for its
+    predecessor inside the kernel, so the launch overlaps the previous kernel's tail."""
 
     qkv_pairs: int = 4
     qkv_k: int = 256
@@ -54,8 +66,25 @@ class Tiling:
     head_rows: int = 16
     head_k: int = 256
     attn_positions: int = 64
+    o_split: int = 1
+    down_split: int = 1
+    attn_warps: int = 4
     num_warps: int = 4
     num_stages: int = 3
+    pdl: bool = False
+
+    def blocks(self) -> dict[str, int]:
+        """The block sizes (each must be a power of two)."""
+        return {k: v for k, v in vars(self).items() if k.endswith(("_pairs", "_k", "_rows", "_positions"))}
+
+
+@triton.jit
+def _grid_dependency(PDL: tl.constexpr):
+    """Under a programmatic dependent launch: wait until the previous kernel's writes are visible,
+    then let the next kernel's programs start launching."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -71,15 +100,16 @@ def _inv_rms(x_ptr, x_stride, B, K: tl.constexpr, eps, BLOCK_B: tl.constexpr, BL
 @triton.jit
 def _matvec(x_ptr, x_stride, B, inv, nw_ptr, w_ptr, ws_ptr, rows, row_mask, K: tl.constexpr,
             NORM: tl.constexpr, SCALED: tl.constexpr,
-            BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``x @ W[rows].T`` for the ``B`` rows of ``x`` (float32 [BLOCK_B, BLOCK_N]); with ``NORM`` the
-    rows of ``x`` are RMS-normalised first (``inv``: their 1/RMS, ``nw``: the norm's weight), with
-    ``SCALED`` the weight rows are multiplied by their scales ``ws``."""
+            BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, k_lo, k_hi):
+    """``x @ W[rows].T`` for the ``B`` rows of ``x`` (float32 [BLOCK_B, BLOCK_N]) over reduction
+    columns ``k_lo`` up to ``k_hi``; with ``NORM`` the rows of ``x`` are RMS-normalised
+    first (``inv``: their 1/RMS, ``nw``: the norm's weight), with ``SCALED`` the weight rows are
+    multiplied by their scales ``ws``."""
     bs = tl.arange(0, BLOCK_B)
     acc = tl.zeros((BLOCK_B, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
+        kmask = ks < k_hi
         x = tl.load(x_ptr + bs[:, None] * x_stride + ks[None, :], mask=(bs[:, None] < B) & kmask[None, :],
                     other=0.0).to(tl.float32)
         if NORM:
@@ -98,8 +128,9 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
                      q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, new_ptr, new_sl, new_st, new_sb, new_sh,
                      layer, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      SCALED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr):
+                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """One program: ``PAIRS`` rotary pairs (rows d and d + HEAD_DIM/2) of one q, k or v head."""
+    _grid_dependency(PDL)
     HALF: tl.constexpr = HEAD_DIM // 2
     per_head: tl.constexpr = HALF // PAIRS
     pid = tl.program_id(0)
@@ -108,9 +139,10 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
     rows = head * HEAD_DIM + d
     ok = d < HALF
     inv = _inv_rms(h_ptr, H, B, H, eps, BLOCK_B, BLOCK_H)
-    x1 = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, PAIRS, BLOCK_K)
+    x1 = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, PAIRS, BLOCK_K,
+                 0, H)
     x2 = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows + HALF, ok, H, True, SCALED, BLOCK_B, PAIRS,
-                 BLOCK_K)
+                 BLOCK_K, 0, H)
     x1 += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
     x2 += tl.load(bias_ptr + rows + HALF).to(tl.float32)[None, :]
     pos = tl.load(pos_ptr)
@@ -143,8 +175,9 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
 @triton.jit
 def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, ctx_ptr, layer, scale,
                       NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
+                      BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: one query head of one batch row over cache slots 0..position (inclusive)."""
+    _grid_dependency(PDL)
     pid = tl.program_id(0)
     b = pid // NUM_HEADS
     head = pid % NUM_HEADS
@@ -176,35 +209,52 @@ def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr,
 @triton.jit
 def _linear_kernel(x_ptr, B, K: tl.constexpr, N: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr,
                    NORM: tl.constexpr, SCALED: tl.constexpr, BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
-                   BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``out[:, rows] (+)= [norm](x) @ W[rows].T (+ bias)`` for ``BLOCK_N`` rows of ``W`` [N, K]."""
+                   BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT: tl.constexpr, PDL: tl.constexpr):
+    """``out[:, rows] (+)= [norm](x) @ W[rows].T (+ bias)`` for ``BLOCK_N`` rows of ``W`` [N, K]; with
+    ``SPLIT`` > 1 (residual only) program (i, j) adds the j-th of ``SPLIT`` column slices atomically."""
+    _grid_dependency(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = rows < N
     inv = tl.zeros((BLOCK_B,), dtype=tl.float32)
     if NORM:
         inv = _inv_rms(x_ptr, K, B, K, eps, BLOCK_B, BLOCK_H)
-    acc = _matvec(x_ptr, K, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, K, NORM, SCALED, BLOCK_B, BLOCK_N, BLOCK_K)
-    if BIAS:
-        acc += tl.load(bias_ptr + rows, mask=ok, other=0.0).to(tl.float32)[None, :]
     bs = tl.arange(0, BLOCK_B)
     out = out_ptr + bs[:, None] * N + rows[None, :]
     mask = (bs[:, None] < B) & ok[None, :]
-    if RESIDUAL:
-        acc += tl.load(out, mask=mask, other=0.0)
-    tl.store(out, acc, mask=mask)
+    if SPLIT > 1:
+        # Slices a whole number of BLOCK_K wide, so that only the last one ends on a partial turn.
+        width: tl.constexpr = ((K + SPLIT - 1) // SPLIT + BLOCK_K - 1) // BLOCK_K * BLOCK_K
+        k_lo = tl.program_id(1) * width
+        acc = _matvec(x_ptr, K, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, K, NORM, SCALED, BLOCK_B, BLOCK_N,
+                      BLOCK_K, k_lo, tl.minimum(k_lo + width, K))
+        if BIAS:
+            if tl.program_id(1) == 0:
+                acc += tl.load(bias_ptr + rows, mask=ok, other=0.0).to(tl.float32)[None, :]
+        tl.atomic_add(out, acc, mask=mask, sem="relaxed")
+    else:
+        acc = _matvec(x_ptr, K, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, K, NORM, SCALED, BLOCK_B, BLOCK_N,
+                      BLOCK_K, 0, K)
+        if BIAS:
+            acc += tl.load(bias_ptr + rows, mask=ok, other=0.0).to(tl.float32)[None, :]
+        if RESIDUAL:
+            acc += tl.load(out, mask=mask, other=0.0)
+        tl.store(out, acc, mask=mask)
 
 
 @triton.jit
 def _gate_up_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, act_ptr, INTER: tl.constexpr,
                     SCALED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """``act[:, rows] = silu(gate) * up`` with gate and up from the merged matrix [2 INTER, H]."""
+    _grid_dependency(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = rows < INTER
     inv = _inv_rms(h_ptr, H, B, H, eps, BLOCK_B, BLOCK_H)
-    gate = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, BLOCK_N, BLOCK_K)
+    gate = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, BLOCK_N, BLOCK_K,
+                   0, H)
     up = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows + INTER, ok, H, True, SCALED, BLOCK_B, BLOCK_N,
-                 BLOCK_K)
+                 BLOCK_K, 0, H)
     bs = tl.arange(0, BLOCK_B)
     tl.store(act_ptr + bs[:, None] * INTER + rows[None, :], gate / (1.0 + tl.exp(-gate)) * up,
              mask=(bs[:, None] < B) & ok[None, :])
@@ -252,10 +302,13 @@ class FusedDecodeStep:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, not '{weights}'")
         self.weights, self.tiling = weights, tiling or Tiling()
         self.num_heads, self.kv_heads, self.head_dim = step.num_heads, step.kv_heads, step.head_dim
-        blocks = {k: v for k, v in vars(self.tiling).items() if k not in ("num_warps", "num_stages")}
-        odd = [f"{k}={v}" for k, v in blocks.items() if v < 1 or v & (v - 1)]
+        odd = [f"{k}={v}" for k, v in self.tiling.blocks().items() if v < 1 or v & (v - 1)]
         if odd:
             raise ValueError(f"tiling: block sizes must be powers of two ({', '.join(odd)})")
+        few = [f"{k}={v}" for k in ("o_split", "down_split", "attn_warps", "num_warps", "num_stages")
+               if (v := getattr(self.tiling, k)) < 1]
+        if few:
+            raise ValueError(f"tiling: counts must be at least 1 ({', '.join(few)})")
         if self.head_dim & (self.head_dim - 1) or (self.head_dim // 2) % self.tiling.qkv_pairs:
             raise ValueError(f"head_dim {self.head_dim}: a power of two whose half the rotary pairs per program "
                              f"({self.tiling.qkv_pairs}) divide")
@@ -317,7 +370,9 @@ class FusedDecodeStep:
         h, q, ctx, act, new = buf["h"], buf["q"], buf["ctx"], buf["act"], buf["new"]
         h.copy_(inputs_embeds.reshape(B, self.hidden))
         BB, BH = _pow2(B), _pow2(self.hidden)
-        kw = dict(num_warps=t.num_warps, num_stages=t.num_stages)
+        kw: dict[str, Any] = dict(num_warps=t.num_warps, num_stages=t.num_stages)
+        if t.pdl:
+            kw["launch_pdl"] = True
         kvs, news = key_values.stride(), new.stride()
         heads = self.num_heads + 2 * self.kv_heads
         qkv_grid = (heads * (self.head_dim // 2 // t.qkv_pairs),)
@@ -329,26 +384,30 @@ class FusedDecodeStep:
                 h, B, H, self.eps, L["ln1"], qkv.w, _or(qkv.scale, qkv.w), L["qkv_bias"], self.inv_freq, position,
                 q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], new, news[0], news[1], news[2], news[3],
                 i, self.num_heads, self.kv_heads, self.head_dim, qkv.scale is not None, BB, BH, t.qkv_pairs,
-                t.qkv_k, **kw)
+                t.qkv_k, t.pdl, **kw)
             _attention_kernel[(B * self.num_heads,)](
                 q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], position, ctx, i, scale,
-                self.num_heads, self.kv_heads, self.head_dim, t.attn_positions, **kw)
-            self._linear(ctx, B, o, h, False, None, None, True, t.o_rows, t.o_k, kw)
+                self.num_heads, self.kv_heads, self.head_dim, t.attn_positions, t.pdl,
+                **{**kw, "num_warps": t.attn_warps})
+            self._linear(ctx, B, o, h, False, None, None, True, t.o_rows, t.o_k, t.o_split, kw)
             _gate_up_kernel[(triton.cdiv(inter, t.gate_up_rows),)](
                 h, B, H, self.eps, L["ln2"], gu.w, _or(gu.scale, gu.w), act, inter, gu.scale is not None, BB, BH,
-                t.gate_up_rows, t.gate_up_k, **kw)
-            self._linear(act, B, down, h, False, None, None, True, t.down_rows, t.down_k, kw)
+                t.gate_up_rows, t.gate_up_k, t.pdl, **kw)
+            self._linear(act, B, down, h, False, None, None, True, t.down_rows, t.down_k, t.down_split, kw)
         logits = buf["logits"]
-        self._linear(h, B, self.head, logits, True, self.norm, self.head_bias, False, t.head_rows, t.head_k, kw)
+        self._linear(h, B, self.head, logits, True, self.norm, self.head_bias, False, t.head_rows, t.head_k, 1, kw)
         # On CUDA the buffer is the captured graph's output, as StaticCacheDecoder documents; on a CPU
         # (the interpreter) callers keep each step's logits, which a shared buffer would overwrite.
         return (logits if logits.is_cuda else logits.clone()), new
 
     def _linear(self, x: torch.Tensor, B: int, m: _Matrix, out: torch.Tensor, norm: bool, nw: torch.Tensor | None,
-                bias: torch.Tensor | None, residual: bool, rows: int, k: int, kw: dict[str, int]) -> None:
-        _linear_kernel[(triton.cdiv(m.rows, rows),)](
+                bias: torch.Tensor | None, residual: bool, rows: int, k: int, split: int, kw: dict[str, Any]) -> None:
+        # More slices than turns of the reduction would leave programs with nothing to add.
+        split = min(split, triton.cdiv(m.cols, k)) if residual else 1
+        _linear_kernel[(triton.cdiv(m.rows, rows), split)](
             x, B, m.cols, m.rows, self.eps, _or(nw, m.w), m.w, _or(m.scale, m.w), _or(bias, m.w), out,
-            norm, m.scale is not None, bias is not None, residual, _pow2(B), _pow2(m.cols), rows, k, **kw)
+            norm, m.scale is not None, bias is not None, residual, _pow2(B), _pow2(m.cols), rows, k, split,
+            self.tiling.pdl, **kw)
 
 
 def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
