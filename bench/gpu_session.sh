@@ -91,9 +91,9 @@ for piece in $PIECES; do
         -k compiled_kernels || { note "fused: kernels failed their CUDA check, bench skipped"; continue; }
       run fused-test-split-pdl 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/test_fused_decode.py \
         -k dependent_launches
-      # The lease of 2026-11-28 (H200) ran the first tilings; this sweeps the variants of its fastest
-      # at batch 1, then takes the best one to batch 8, FP8, INT8 and the pipeline.
-      sweep=onepass,op-pdl,op-split,op-split-pdl,op-narrow,op-narrow-pdl,op-w4,op-w4-pdl,op-gu16-pdl,op-split2-pdl
+      # The tilings at batch 1 (the default is the first H200 lease's fastest), then the fastest of
+      # them at batch 8, in FP8 and INT8, and in the pipeline.
+      sweep=default,op-pdl,op-split,op-split-pdl,op-narrow,op-narrow-pdl,op-w4,op-w4-pdl,op-gu16-pdl,op-split2-pdl
       run fused 560 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
         --phases "${FUSED_PHASES:-$(echo "$sweep" | sed 's/\([^,]*\)/format=fused-bf16\/\1@1/g'),format=fused-bf16/best@8,format=fused-fp8/best,format=fused-int8/best@1,pipeline}" \
         --pipeline-llm fused-bf16/best --budget $(($(left) < 560 ? $(left) - 40 : 520))

@@ -55,21 +55,24 @@ class Tiling:
     launches every kernel as a programmatic dependent launch (Hopper on): each waits for its
     predecessor inside the kernel, so the launch overlaps the previous kernel's tail."""
 
+    # The defaults read a whole 896-wide row of the 0.5B LM per loop turn, the fastest shape of the
+    # H200 lease of 2026-11-28 (docs/BENCHMARKS.md, "hand-fused Triton kernels"; slices of 256 were
+    # the shape before it).
     qkv_pairs: int = 4
-    qkv_k: int = 256
+    qkv_k: int = 1024
     o_rows: int = 4
-    o_k: int = 256
+    o_k: int = 1024
     gate_up_rows: int = 8
-    gate_up_k: int = 256
+    gate_up_k: int = 1024
     down_rows: int = 4
-    down_k: int = 512
+    down_k: int = 1024
     head_rows: int = 16
-    head_k: int = 256
+    head_k: int = 1024
     attn_positions: int = 64
     o_split: int = 1
     down_split: int = 1
     attn_warps: int = 4
-    num_warps: int = 4
+    num_warps: int = 8
     num_stages: int = 3
     pdl: bool = False
 
