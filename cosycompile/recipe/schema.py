@@ -342,14 +342,10 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                           "to do it on purpose)")
     metrics = registry()
     for kind in ("min", "max"):
-        for metric, value in getattr(recipe.validation.gate, kind).items():
+        for metric in getattr(recipe.validation.gate, kind):
             where = located.where(("validation", "gate", kind, metric))
             if metric not in metrics:
                 raise RecipeError(f"{where}: unknown gate metric '{metric}' (see cosycompile gate --list-metrics)")
-            if value is not None and value != value:
-                raise RecipeError(f"{where}: threshold for '{metric}' is NaN")
-            if value is not None and abs(value) == float("inf"):
-                raise RecipeError(f"{where}: threshold for '{metric}' is infinite (null switches it off)")
     for i, name in enumerate(recipe.exports):
         if name not in exporter_infos():
             raise RecipeError(f"{located.where(('exports', i))}: unknown exporter '{name}' "
