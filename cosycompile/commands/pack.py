@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from cosycompile.commands._bundle import MANIFEST, read_manifest
+from cosycompile.runtime.bundle import MANIFEST, read_manifest
 from cosycompile.commands._output import check_out_file
 from cosycompile.errors import UserError
 

@@ -24,7 +24,8 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from cosycompile.commands._bundle import MANIFEST, MAX_MANIFEST_BYTES, read_manifest, safe_relpath, sha256_stream
+from cosycompile.core.hashing import sha256_stream
+from cosycompile.runtime.bundle import MANIFEST, MAX_MANIFEST_BYTES, read_manifest, safe_relpath
 from cosycompile.errors import UserError
 
 _FILE_TYPES = (tarfile.REGTYPE, tarfile.AREGTYPE)

@@ -42,10 +42,17 @@ def sha256_file(path: Path) -> str:
 
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise OSError(errno.EINVAL, "not a regular file", str(path))
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+        return sha256_stream(f.read)
+
+
+def sha256_stream(read: Any, sink: Any = None, chunk: int = _CHUNK) -> str:
+    """sha256 of everything ``read(chunk)`` returns, writing each chunk to ``sink`` when given."""
+    h = hashlib.sha256()
+    while data := read(chunk):
+        h.update(data)
+        if sink is not None:
+            sink(data)
     return h.hexdigest()
 
 

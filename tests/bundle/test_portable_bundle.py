@@ -262,7 +262,7 @@ def test_whitespace_text_is_refused(build: dict[str, Path], tmp_path: Path) -> N
 
 
 def test_split_text_into_sentences_and_lengths() -> None:
-    from cosycompile.commands.synthesize import split_text, text_weight
+    from cosycompile.runtime.text import split_text, text_weight
 
     assert split_text("Could you remind me what time the museum closes today?") == [
         "Could you remind me what time the museum closes today?"]

@@ -104,7 +104,7 @@ def test_generated_eval_manifests_load_or_fail_in_one_line(tmp_path: Path, rows:
        sizes=st.one_of(st.none(), st.dictionaries(st.text(max_size=20), VALUES, max_size=4)))
 def test_generated_bundle_manifests_read_or_fail_in_one_line(tmp_path: Path, body: Any, files: dict,
                                                              sizes: dict | None) -> None:
-    from cosycompile.commands._bundle import read_manifest
+    from cosycompile.runtime.bundle import read_manifest
 
     doc = body if not isinstance(body, dict) else {**body, "files": files, **({"sizes": sizes} if sizes else {})}
     p = tmp_path / "manifest.json"

@@ -22,9 +22,7 @@ from cosycompile import __version__
 from cosycompile.cache.local import Store
 from cosycompile.core.graph import BuildResult
 from cosycompile.core.hashing import sha256_file, tool_versions
-
-MANIFEST = "manifest.json"
-FRONTEND_DIR = "frontend"
+from cosycompile.runtime.bundle import FRONTEND_DIR, MANIFEST
 MANIFEST_SCHEMA = 2  # 2: "files" (every file's sha256) and the front end in frontend/
 
 

@@ -40,7 +40,7 @@ def model_names(manifest: dict) -> tuple[str, str]:
 
 def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     """The two models' configs, from the recipe (threads, sampling) and the options."""
-    from cosycompile.commands.synthesize import recipe_sampling, recipe_threads
+    from cosycompile.runtime.bundle import recipe_sampling, recipe_threads
 
     threads = options.threads or recipe_threads(w.recipe)
     sampling = recipe_sampling(w.recipe)

@@ -98,7 +98,7 @@ def token_map_file(w: Writer, passport: dict[str, Any]) -> str:
 
 def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelConfig, str]]:
     """Every model's config with its role, from the bundle's passports and recipe."""
-    from cosycompile.commands.synthesize import recipe_sampling
+    from cosycompile.runtime.bundle import recipe_sampling
 
     passports = {s: _json(w, f"engines/{s}/engine.json") for s in ("llm", "flow", "hift")}
     info = _json(w, "engines/flow/graphs.json").get("info") or {}

@@ -122,9 +122,9 @@ def verify_bundle(bundle: Path, manifest: dict[str, Any]) -> None:
 
 def write_repository(bundle: Path, out: Path, options: RepoOptions = RepoOptions()) -> Path:
     """Write the repository of ``bundle`` to ``out`` (which must not exist, or be empty) atomically."""
-    from cosycompile.commands.synthesize import _bundle_parts
+    from cosycompile.runtime.bundle import bundle_parts
 
-    manifest, recipe = _bundle_parts(bundle)
+    manifest, recipe = bundle_parts(bundle)
     layout = bundle_layout(manifest, bundle)
     verify_bundle(bundle, manifest)
     out.parent.mkdir(parents=True, exist_ok=True)

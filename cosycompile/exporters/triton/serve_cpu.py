@@ -1,7 +1,7 @@
 """The python-backend model of a CPU repository: text in, 24 kHz waveform out, on the bundle's engines.
 
 Runs inside Triton's python stub (``triton_python_backend_utils`` exists only there, so it is
-imported in the methods). Synthesis is :mod:`cosycompile.commands.synthesize`'s own code
+imported in the methods). Synthesis is :mod:`cosycompile.runtime.bundle`'s own code
 (``load_bundle``, ``split_text``, ``synthesize_pieces``): with the same text, seed and threads a
 request gives the samples ``cosycompile synthesize`` writes. A decoupled model (gRPC streaming)
 sends one response per text piece as soon as it is synthesized, then an empty final response; a
@@ -44,7 +44,7 @@ class TritonPythonModel:
         """Load the bundle named by the ``bundle`` parameter (relative to the version dir)."""
         import triton_python_backend_utils as pb_utils
 
-        from cosycompile.commands.synthesize import load_bundle, recipe_sampling
+        from cosycompile.runtime.bundle import load_bundle, recipe_sampling
         from cosycompile.exporters.triton.pbcompat import numpy_bridge_ok, patch_stub
 
         patch_stub(pb_utils)
@@ -67,7 +67,7 @@ class TritonPythonModel:
         """(text ids per piece, prompt, sampling) of one request; UserError/ValueError for bad input."""
         import dataclasses
 
-        from cosycompile.commands.synthesize import split_text
+        from cosycompile.runtime.text import split_text
         from cosycompile.exporters.triton.pbcompat import input_array, input_text
 
         pb = self.pb
@@ -93,7 +93,7 @@ class TritonPythonModel:
         return [frontend.text_ids(p) for p in pieces], prompt, sampling
 
     def _waves(self, request: Any) -> Any:
-        from cosycompile.commands.synthesize import synthesize_pieces
+        from cosycompile.runtime.bundle import synthesize_pieces
 
         ids, prompt, sampling = self._request_parts(request)
         return synthesize_pieces(self.bundle.pipeline, ids, prompt, sampling)

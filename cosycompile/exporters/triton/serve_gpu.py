@@ -194,7 +194,7 @@ class TextToWave(_Base):
 
     def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
-        from cosycompile.commands.synthesize import recipe_sampling
+        from cosycompile.runtime.bundle import recipe_sampling
 
         self.frontend = self._frontend()
         self.vocab = ServedVocab.read(self.dir / self.params.get("token_map", "cosycompile_llm.json"))
@@ -238,7 +238,7 @@ class TextToWave(_Base):
         return [int(i) for i in self.frontend.text_ids(composed)] if composed.strip() else []
 
     def _waves(self, request: Any) -> Iterator[np.ndarray]:
-        from cosycompile.commands.synthesize import split_text
+        from cosycompile.runtime.text import split_text
 
         text = input_text(self.pb, request, "target_text", self.bytes_ok)
         if text is None or not text.strip():
