@@ -376,7 +376,7 @@ def _split_build(args: argparse.Namespace, name: str, result: Any, seconds: floa
 
 def _validate(args: argparse.Namespace) -> int:
     from cosycompile.core.graph import Reporter
-    from cosycompile.validate.later import validate_bundle
+    from cosycompile.commands.validate import validate_bundle
 
     bundle, recipe = validate_bundle(args.bundle, args.artifacts, Reporter(quiet=args.quiet), args.recipe, args.force)
     print(f"validated: {bundle}")

@@ -42,7 +42,8 @@ def test_validate_rechecks_a_bundles_own_engines(tmp_path: Path) -> None:
 def test_validate_without_its_recipe_is_a_one_line_error(tmp_path: Path) -> None:
     bundle = tmp_path / "b"
     bundle.mkdir()
-    (bundle / "manifest.json").write_text(json.dumps({"recipe": "x", "recipe_source": str(tmp_path / "gone.yaml")}))
+    (bundle / "manifest.json").write_text(json.dumps({"recipe": "x", "recipe_source": str(tmp_path / "gone.yaml"),
+                                                     "files": {}}))
     res = run_cli("validate", str(bundle), "--artifacts", str(tmp_path / "art"))
     assert res.returncode == 2 and "--recipe" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 

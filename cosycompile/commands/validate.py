@@ -3,7 +3,6 @@ run them (a GPU bundle built on a CPU machine says "built, not validated here" u
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,9 @@ def validate_bundle(bundle: Path, artifacts: Path, reporter: Any, recipe_path: P
     from cosycompile.plan import executor, plan_build, run_problems
     from cosycompile.recipe.schema import load_recipe
 
-    manifest_file = bundle / "manifest.json"
-    try:
-        manifest = json.loads(manifest_file.read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{manifest_file}: not a bundle manifest ({exc})") from None
+    from cosycompile.runtime.bundle import MANIFEST, read_manifest
+
+    manifest = read_manifest(bundle / MANIFEST)
     source = recipe_path or Path(manifest.get("recipe_source", ""))
     if not source.is_file():
         raise UserError(f"{bundle}: its recipe {source} is not on this machine; give it with --recipe")
