@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 def gpu_target(torch: Any) -> str:
     """The cosycompile target of this GPU (its compute capability, the data-center card first)."""
-    from cosycompile.recipe.targets import targets_with_sm
+    from cosycompile.core.targets import targets_with_sm
 
     sm = tuple(torch.cuda.get_device_capability())
     found = sorted(targets_with_sm(sm), key=lambda t: t.rtx_class)

@@ -306,7 +306,7 @@ def _build_or_plan(args: argparse.Namespace) -> int:
         if args.json:
             import json
 
-            from cosycompile.recipe.targets import TARGETS
+            from cosycompile.core.targets import TARGETS
             from cosycompile.split import todo_json
 
             print(json.dumps(todo_json(recipe, items, TARGETS[recipe.target]), indent=1))

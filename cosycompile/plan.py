@@ -16,7 +16,7 @@ from cosycompile.core.graph import Step, lazy
 from cosycompile.errors import BackendUnavailable, ModelError
 from cosycompile.families import BUILTIN_PREFIX, FamilyInfo
 from cosycompile.recipe.schema import Recipe
-from cosycompile.recipe.targets import TARGETS
+from cosycompile.core.targets import TARGETS
 from cosycompile.runtime.dataset import load_dataset
 
 TORCH_TOOLS = ("torch", "transformers", "onnx", "onnxscript")

@@ -52,7 +52,7 @@ def test_validate_without_its_recipe_is_a_one_line_error(tmp_path: Path) -> None
 def test_gpu_engines_built_here_fail_the_gate_unless_allowed(tmp_path: Path) -> None:
     """TensorRT-RTX engines compile on this CPU machine but cannot run on it."""
     from cosycompile.backends.tensorrt import build_problem, run_problem
-    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.core.targets import TARGETS
 
     target = TARGETS["rtx4090"]
     if build_problem(target) or not run_problem(target):

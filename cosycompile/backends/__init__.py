@@ -21,7 +21,7 @@ from typing import Any, Callable
 from pydantic import BaseModel
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ def build_engine(ctx: StepContext) -> dict[str, Any]:
     """The ``<stage>.engine`` step."""
     from cosycompile.backends import backend_infos
     from cosycompile.core.hashing import sha256_file
-    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.core.targets import TARGETS
     from cosycompile.runtime.graphs_dir import read_graphs_dir
 
     info = backend_infos()[ctx.params["backend"]]

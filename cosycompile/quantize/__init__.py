@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 
 # Formats whose compute needs FP8 tensor cores (Ada / Hopper and newer).
 NEEDS_SM89 = ("fp8", "w4a8_awq")

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from cosycompile.errors import RecipeError
-from cosycompile.recipe.targets import TARGETS
+from cosycompile.core.targets import TARGETS
 from cosycompile.recipe.yaml_lines import KeyPath, Located, load_located, merge
 
 class _Strict(BaseModel):

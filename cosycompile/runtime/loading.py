@@ -111,7 +111,7 @@ def check_compatibility(engine_dir: Path, passport: dict[str, Any], run_problem:
                                  f"{rebuild_hint(engine_dir)} with target: cpu")
     if run_problem is None:
         return  # the backend cannot tell which GPU this is: its load reports what it cannot run
-    from cosycompile.recipe.targets import TARGETS, Target
+    from cosycompile.core.targets import TARGETS, Target
 
     target = TARGETS.get(target_name) or Target(target_name, "gpu", _sm_of(cc))
     problem = run_problem(target)

@@ -16,7 +16,7 @@ from cosycompile.backends.onnxruntime.build import KVCacheRunner, OrtRunner, bui
 from cosycompile.backends.onnxruntime.kv_cache import KeptCacheDecoder, layer_names, split_kv_cache
 from cosycompile.families.cosyvoice2.loader import load_models
 from cosycompile.onnx.tools import export_onnx
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.runtime.loading import PASSPORT
 from cosycompile.families.cosyvoice2.runtimes import LLMRuntime

@@ -19,7 +19,7 @@ from cosycompile.backends.onnxruntime.build import OrtRunner, build
 from cosycompile.backends.onnxruntime.mish import rewrite_mish
 from cosycompile.families.cosyvoice2.loader import load_models
 from cosycompile.onnx.tools import export_onnx, simplify
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import GraphsDir
 
 INPUTS = ["x", "mask", "mu", "t", "spks", "cond"]

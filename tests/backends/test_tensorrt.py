@@ -17,7 +17,7 @@ import pytest
 
 from cosycompile.errors import BackendUnavailable, RecipeError
 from cosycompile.recipe.schema import load_recipe
-from cosycompile.recipe.targets import TARGETS
+from cosycompile.core.targets import TARGETS
 
 from helpers import REPO, run_cli, until_outputs, write_recipe
 

@@ -63,7 +63,7 @@ def test_gpu_llm_export_decodes_over_the_static_cache(torch_build: tuple[Path, P
 
     from cosycompile.backends.torch import Options
     from cosycompile.backends.torch.build import AotiRunner, StaticStepRunner, build
-    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.core.targets import TARGETS
     from cosycompile.runtime.graphs_dir import read_graphs_dir
     from cosycompile.runtime.loading import load_assets
     from cosycompile.families.cosyvoice2.runtimes import LLMRuntime
@@ -245,7 +245,7 @@ def test_cuda_package_matches_the_cpu_reference(tmp_path: Path) -> None:
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from cosycompile.recipe.targets import TARGETS
+    from cosycompile.core.targets import TARGETS
 
     sm = tuple(torch.cuda.get_device_capability())
     target = next((t.name for t in TARGETS.values() if t.sm == sm and t.kind == "gpu"), None)
@@ -287,7 +287,7 @@ def test_cuda_quantized_linears_pass_their_checks(tmp_path: Path, fmt: str) -> N
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from cosycompile.recipe.targets import targets_with_sm
+    from cosycompile.core.targets import targets_with_sm
 
     sm = tuple(torch.cuda.get_device_capability())
     if fmt == "fp8" and sm < (8, 9):

@@ -16,7 +16,7 @@ import yaml
 
 from cosycompile.backends.trtllm import Options, build_problem, flow, version_tuple
 from cosycompile.recipe.schema import load_recipe
-from cosycompile.recipe.targets import TARGETS
+from cosycompile.core.targets import TARGETS
 
 from helpers import REPO, run_cli, write_recipe
 

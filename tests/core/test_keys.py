@@ -151,7 +151,7 @@ def test_relative_nested_conditional_and_dynamic_imports(pkg_copy: Path) -> None
 
             if TYPE_CHECKING:
                 from ..a import Anything
-                from cosycompile.recipe import targets
+                from cosycompile.core import targets
 
             try:
                 import cosycompile.onnx.tools as tools
@@ -184,7 +184,7 @@ def test_relative_nested_conditional_and_dynamic_imports(pkg_copy: Path) -> None
         "cosycompile.runtime.dsp",
         "cosycompile.errors",
         "cosycompile.families.cosyvoice2.config",
-        "cosycompile.recipe.targets",
+        "cosycompile.core.targets",
         "cosycompile.onnx.tools",
         "cosycompile.cache.local",
         "cosycompile.validate.speed",

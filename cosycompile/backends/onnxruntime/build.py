@@ -14,7 +14,7 @@ from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.host import cpu_flags
 from cosycompile.runtime.loading import read_passport
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

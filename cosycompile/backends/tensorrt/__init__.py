@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cosycompile.backends import BackendInfo
-from cosycompile.recipe.targets import TARGETS, Target
+from cosycompile.core.targets import TARGETS, Target
 
 # Compute capabilities TensorRT-RTX 1.7 compiles for (its ``ComputeCapability`` enum: SM75, SM80,
 # SM86, SM89, SM120, SM121); there is no SM90 or SM100, so Hopper and B200 need TensorRT.

@@ -20,7 +20,7 @@ from cosycompile.backends.tensorrt import check_format, resolve_flavour
 from cosycompile.backends.tensorrt.api import TrtApi, import_api, sm_tag
 from cosycompile.core.atomic import write_atomic
 from cosycompile.errors import BackendUnavailable, RecipeError
-from cosycompile.recipe.targets import TARGETS, Target
+from cosycompile.core.targets import TARGETS, Target
 from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, read_graphs_dir
 from cosycompile.runtime.loading import read_passport
 

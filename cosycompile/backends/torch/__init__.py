@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from cosycompile.backends import BackendInfo
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 
 # Formats whose programs this backend compiles: bf16/fp16 from torch_autocast, int8/fp8 linears
 # (torch._int_mm / torch._scaled_mm) from torch_dynamic.

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from cosycompile.errors import BackendUnavailable, UserError
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.loading import read_passport
 

@@ -31,7 +31,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cosycompile.backends import BackendInfo
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 
 DISTRIBUTION = "tensorrt_llm"
 LEGACY_CONTAINER = "nvidia/tritonserver:25.06-trtllm-python-py3"

@@ -17,7 +17,7 @@ from typing import Any
 
 from cosycompile.backends.trtllm import LEGACY_CONTAINER, Options, build_problem, flow, version
 from cosycompile.errors import BackendUnavailable, ModelError
-from cosycompile.recipe.targets import Target
+from cosycompile.core.targets import Target
 from cosycompile.core.files import link_or_copy
 from cosycompile.runtime.graphs_dir import GraphsDir, read_graphs_dir
 
