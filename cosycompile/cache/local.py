@@ -23,28 +23,15 @@ import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from cosycompile.errors import UserError
 from cosycompile.core.hashing import StatCache, sha256_file
+from cosycompile.core.store import Entry
 
 ENTRY_FILE = "entry.json"
 ENTRY_VERSION = 1
-
-
-@dataclass
-class Entry:
-    """A verified cache entry."""
-
-    key: str
-    path: Path
-    meta: dict[str, Any]
-
-    @property
-    def data(self) -> Path:
-        return self.path / "data"
 
 
 class StoreFull(UserError):

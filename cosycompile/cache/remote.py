@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
-from cosycompile.cache.local import ENTRY_VERSION, Entry, Store
+from cosycompile.cache.local import ENTRY_VERSION, Store
+from cosycompile.core.store import Entry
 from cosycompile.core.hashing import sha256_file
 from cosycompile.errors import UserError
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
-from cosycompile.cache.local import Entry, Store
+from cosycompile.core.store import ArtifactStore, Entry
 from cosycompile.core.hashing import digest_files, digest_obj, tool_identities
 
 T = TypeVar("T")
@@ -32,9 +32,9 @@ class RemoteTier(Protocol):
 
     def has(self, key: str) -> bool: ...
 
-    def pull(self, store: Store, key: str) -> Entry | None: ...
+    def pull(self, store: ArtifactStore, key: str) -> Entry | None: ...
 
-    def push(self, store: Store, entry: Entry) -> Any: ...
+    def push(self, store: ArtifactStore, entry: Entry) -> Any: ...
 
 
 @dataclass
@@ -94,7 +94,7 @@ class Step:
     _key: str | None = field(default=None, repr=False)
     _components: dict[str, Any] | None = field(default=None, repr=False)
 
-    def components(self, store: Store) -> dict[str, Any]:
+    def components(self, store: ArtifactStore) -> dict[str, Any]:
         """Everything the key is made of, as a JSON-able dict (also used to explain rebuilds)."""
         if self._components is None:
             from cosycompile.core.keys import code_digest
@@ -121,7 +121,7 @@ class Step:
         """Modules whose import closure is this step's code."""
         return (getattr(self.run, "module", self.run.__module__),) + self.code
 
-    def key(self, store: Store) -> str:
+    def key(self, store: ArtifactStore) -> str:
         if self._key is None:
             self._key = digest_obj(self.components(store))
         return self._key
@@ -287,7 +287,7 @@ class Executor:
     and the rest of the build goes on with the local store alone.
     """
 
-    def __init__(self, store: Store, targets: list[Step], state: StateFile, reporter: Reporter,
+    def __init__(self, store: ArtifactStore, targets: list[Step], state: StateFile, reporter: Reporter,
                  force: bool = False, remote: RemoteTier | None = None) -> None:
         from cosycompile.core.keys import set_persistent_cache
 
