@@ -9,7 +9,8 @@ Runtime FP32 packages, interleaved), bench/llm_decode.py (the LLM decode step's 
 FP32 eager step, with the bandwidth floor), bench/flow_profile.py (where a cpu-fast flow-estimator
 call spends its time, by operator), bench/reference_reuse.py (validation time of a second recipe on
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
-same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, and prints their tables;
+same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, then the tests marked model05b
+(0.5B shapes, which `make test` leaves out), and prints their tables;
 copy the figures into docs/BENCHMARKS.md together with the command and the machine.
 
 Each run's result files are kept under artifacts/bench/runs/<stamp>/ with every script's wall time
@@ -61,6 +62,8 @@ def commands() -> list[list[str]]:
     cmds += [[py, str(bench / "end_to_end.py"), "--recipe", str(REPO / "recipes" / f"{r}.yaml"),
               "--model", "builtin:cv3-random-0.5b"] for r in ("cv3-cpu-fp32", "cv3-cpu-int8", "cv3-cpu-fast")]
     cmds.append([py, str(bench / "noop_rebuild.py")])
+    # The tests of the 0.5B shapes, which CI leaves out (tests/conftest.py).
+    cmds.append([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "model05b", str(REPO / "tests")])
     return cmds
 
 

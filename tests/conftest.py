@@ -1,4 +1,4 @@
-"""Shared fixtures: a built-in tiny model dir written once per session."""
+"""Shared fixtures (a built-in tiny model dir written once per session) and the ``model05b`` rule."""
 
 from __future__ import annotations
 
@@ -15,3 +15,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny"
     builtin_family("builtin:tiny").hook("init_model")("builtin:tiny", out, seed=0)
     return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``model05b`` (a 0.5B-shaped model: GBs of weights, minutes) run only when the
+    ``-m`` expression names the marker, as ``make bench`` does; ``make test`` and CI leave them out."""
+    if "model05b" in (config.getoption("markexpr") or ""):
+        return
+    left_out = [item for item in items if item.get_closest_marker("model05b") is not None]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item.get_closest_marker("model05b") is None]

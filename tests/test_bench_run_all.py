@@ -129,3 +129,19 @@ def test_sigterm_stops_the_run_and_removes_the_fresh_dir(tmp_path: Path) -> None
     proc.terminate()
     assert proc.wait(timeout=30) == 130
     assert not fresh.exists()
+
+
+def test_the_05b_tests_run_in_the_bench_and_not_in_make_test() -> None:
+    """``make test`` deselects the ``model05b`` tests (tests/conftest.py); ``make bench`` runs exactly those."""
+    cmd = next(c for c in run_all.commands() if "model05b" in c)
+    assert cmd[1:3] == ["-m", "pytest"]
+
+    def collected(*args: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args,
+                              str(REPO / "tests" / "stages" / "test_hf_rewrite.py")],
+                             capture_output=True, text=True, timeout=300, cwd=REPO).stdout
+        return {line.split("::", 1)[1] for line in out.splitlines() if "::" in line}
+
+    default, only = collected(), collected("-m", "model05b")
+    assert only == {"test_random_05b_logits_and_greedy"}
+    assert default and not default & only

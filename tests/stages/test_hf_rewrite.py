@@ -210,6 +210,7 @@ def test_quantized_export(fmt: str, algo: str, weight_dtype: str, tiny_model_dir
 
 
 @pytest.mark.slow
+@pytest.mark.model05b
 def test_random_05b_logits_and_greedy(tmp_path: Path) -> None:
     """The full-size body (0.5B, vocab 151,936 + 6,566 -> 158,592): a few tokens only."""
     model_dir = init_model("builtin:random-0.5b", tmp_path / "model")
