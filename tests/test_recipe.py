@@ -274,3 +274,24 @@ def test_names_fit_a_file_system_and_calibration_is_not_the_eval_set(tmp_path: P
     on_purpose = write_recipe(tmp_path / "ok.yaml", {"name": "x", "calibration": {
         "set": str(REPO / "calib_data" / "eval"), "same_as_eval": True}})
     assert load_recipe(on_purpose).calibration.same_as_eval
+
+
+# Three errors a user met (issue 38, item 6): each is one line that names the key to change.
+@pytest.mark.parametrize(("base", "stages", "target", "says", "not_says"), [
+    # gpu-base.yaml's shared exports with no format: not "unknown key ...quantize.exports".
+    ("gpu-base.yaml", {}, "h100", ["stages.llm.quantize.format", "backend 'trtllm' takes:"], ["unknown key"]),
+    # int8 for an ONNX Runtime LLM: the torch-only quantizer is named, not a `quantizer` key never written.
+    ("cpu-fp32.yaml", {"llm": {"quantize": {"format": "int8"}}}, "cpu",
+     ["stages.llm.engine.backend to torch", "quantizer 'torch_dynamic'"], ["quantize.quantizer"]),
+    # A checkpoint backend with no checkpoint export: the key is spelled out, no literal {name}.
+    ("gpu-base.yaml", {"llm": {"quantize": {"format": "int8_sq", "exports": ["onnx"]}}}, "h100",
+     ["add hf or trtllm to stages.llm.quantize.exports"], ["{name}"]),
+])
+def test_recipe_errors_users_met_name_the_key_to_change(tmp_path: Path, base: str, stages: dict, target: str,
+                                                        says: list[str], not_says: list[str]) -> None:
+    from helpers import one_line_error, run_cli
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"extends": str(REPO / "recipes" / base), "name": "r",
+                                                "target": target, "stages": stages}, base=False)
+    line = one_line_error(run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art")))
+    assert all(s in line for s in says) and not any(s in line for s in not_says), line
