@@ -1,4 +1,4 @@
-"""``cosycompile synthesize BUNDLE --text TEXT --out out.wav``: text -> 24 kHz wav on a bundle alone.
+"""``cosycompile synthesize BUNDLE --text TEXT --out out.wav``: text -> wav on a bundle alone.
 
 Everything comes from the bundle: the front end from ``frontend/``, the engines from
 ``engines/<stage>/`` (through ``runtime.loading.stage_runtime``, which checks each passport's
@@ -26,7 +26,6 @@ from cosycompile.errors import UserError
 from cosycompile.runtime.bundle import bundle_parts, load_bundle, recipe_sampling, synthesize_pieces
 from cosycompile.runtime.text import split_text
 
-SAMPLE_RATE = 24000
 MAX_TEXT_FILE_BYTES = 1 << 20  # a book chapter is ~100 kB; synthesis is split into pieces anyway
 
 
@@ -91,15 +90,16 @@ def run(args: argparse.Namespace) -> int:
                      unit="piece", file=sys.stderr, disable=not sys.stderr.isatty()))
     wav = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)
     synth_s = time.perf_counter() - t1
-    _write_wav(out, wav)
-    audio_s = len(wav) / SAMPLE_RATE
+    sample_rate = loaded.pipeline.sample_rate
+    _write_wav(out, wav, sample_rate)
+    audio_s = len(wav) / sample_rate
     rtf = f", RTF {synth_s / audio_s:.2f}" if audio_s else ""
     print(f"wrote {out}: {audio_s:.2f} s of audio from {len(pieces)} piece{'s' if len(pieces) != 1 else ''} "
           f"in {time.perf_counter() - t0:.1f} s (synthesis {synth_s:.1f} s{rtf})")
     return 0
 
 
-def _write_wav(path: Path, wav: Any) -> None:
+def _write_wav(path: Path, wav: Any, sample_rate: int) -> None:
     """24 kHz mono PCM16, encoded in memory, then written next to ``path`` and renamed into place (no
     half-written file). The target is checked again first: synthesis takes long enough for a plain
     file to have been swapped for a device or a FIFO meanwhile."""
@@ -110,7 +110,7 @@ def _write_wav(path: Path, wav: Any) -> None:
 
     buf = io.BytesIO()
     try:
-        sf.write(buf, np.asarray(wav, np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+        sf.write(buf, np.asarray(wav, np.float32), sample_rate, subtype="PCM_16", format="WAV")
     except RuntimeError as exc:  # soundfile reports encoding errors as LibsndfileError (a RuntimeError)
         raise UserError(f"{path}: cannot encode the wav ({exc})") from None
     check_out_file(path, "--out", "give the wav file's name")

@@ -69,6 +69,19 @@ class Pipeline:
             return stages[name]
         raise AttributeError(name)
 
+    @property
+    def sample_rate(self) -> int:
+        """Samples a second of the wav the pipeline makes (its last stage's, from the model's config)."""
+        return int(self._wav_stage().sample_rate)
+
+    @property
+    def samples_per_frame(self) -> int:
+        """Wav samples per mel frame."""
+        return int(self._wav_stage().upsample)
+
+    def _wav_stage(self) -> Any:
+        return next(s for s in self.stages.values() if s.product == "wav")
+
     def synthesize(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling, seed: int = 0) -> Synthesis:
         """Text ids -> each stage's product in turn, with the seconds each stage took and the total."""
         products: dict[str, np.ndarray] = {}

@@ -185,16 +185,19 @@ class CFMFlowRuntime:
 
 
 class ISTFTVocoderRuntime:
-    """Mel -> 24 kHz wav: the vocoder graph up to the iSTFT, then the iSTFT in numpy.
+    """Mel -> wav at the model's ``sample_rate``: the vocoder graph up to the iSTFT, then the iSTFT in numpy.
 
     The NSF source's random draws are graph inputs; a family says how they are drawn (:meth:`source_noise`).
+    The sample rate and the samples per mel frame come from the graphs' info (the model's config), so
+    everything downstream (wav files, audio seconds, RTF) reads them here.
     """
 
     product = "wav"
 
     def __init__(self, runner: Runner, info: dict[str, Any]) -> None:
         self.runner = runner
-        self.upsample = int(info.get("samples_per_frame", 480))
+        self.sample_rate = int(info["sample_rate"])
+        self.upsample = int(info["samples_per_frame"])
         self.harmonics = int(info.get("nb_harmonics", 8)) + 1
         self.n_fft = int(info.get("istft_n_fft", 16))
         self.hop = int(info.get("istft_hop", 4))

@@ -17,7 +17,6 @@ from cosycompile.runtime.host import describe_host
 from cosycompile.runtime.pipeline import Pipeline, Sampling
 from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
 
-SAMPLE_RATE = 24000
 AUDIO_ITEMS = 2
 PERCEPTUAL_ITEMS = 2  # PESQ/STOI/speaker similarity/MCD on the first items: slow metrics, bounded cost
 
@@ -62,23 +61,23 @@ def run(ctx: StepContext) -> dict[str, Any]:
             "tokens_identical": same,
             "token_edit_distance": M.token_edit_distance(r_tokens.tolist(), b.tokens.tolist())[1],
             "duration_ratio": M.duration_ratio(r_wav, b.wav) if len(r_wav) else 1.0,
-            "audio_seconds": len(r_wav) / SAMPLE_RATE,
+            "audio_seconds": len(r_wav) / built.sample_rate,
         }
         if same and len(r_wav):
             row["mel_snr_db"] = M.mel_snr_db(r_mel, b.mel)
             row["waveform_snr_db"] = M.waveform_snr_db(r_wav, b.wav)
         if len(r_wav) and len(b.wav):
-            row["log_mel_l1"] = M.log_mel_l1(r_wav, b.wav, SAMPLE_RATE)
+            row["log_mel_l1"] = M.log_mel_l1(r_wav, b.wav, built.sample_rate)
             row["mr_stft_distance"] = M.multi_resolution_stft_distance(r_wav, b.wav)
             if n < PERCEPTUAL_ITEMS:
-                row["mcd_db"] = M.mel_cepstral_distortion(r_wav, b.wav, SAMPLE_RATE)
-                row["pesq"] = M.pesq_wb(r_wav, b.wav, SAMPLE_RATE)
-                row["stoi"] = M.stoi(r_wav, b.wav, SAMPLE_RATE)
-                row["speaker_similarity"] = M.speaker_similarity(r_wav, b.wav, SAMPLE_RATE)
+                row["mcd_db"] = M.mel_cepstral_distortion(r_wav, b.wav, built.sample_rate)
+                row["pesq"] = M.pesq_wb(r_wav, b.wav, built.sample_rate)
+                row["stoi"] = M.stoi(r_wav, b.wav, built.sample_rate)
+                row["speaker_similarity"] = M.speaker_similarity(r_wav, b.wav, built.sample_rate)
         rows.append(row)
         if n < AUDIO_ITEMS:
-            _write_wav(audio_dir / f"{item.id}.reference.wav", r_wav)
-            _write_wav(audio_dir / f"{item.id}.built.wav", b.wav)
+            _write_wav(audio_dir / f"{item.id}.reference.wav", r_wav, built.sample_rate)
+            _write_wav(audio_dir / f"{item.id}.built.wav", b.wav, built.sample_rate)
 
     speed: dict[str, Any] = {}
     if inputs and first_out is not None:
@@ -128,7 +127,7 @@ def _speed(ref: Pipeline | None, cached: dict[str, float], built: Pipeline, firs
     w = workloads(built, first, sampling, *first_out)
     if not len(w["tokens"]):
         return {}
-    audio_s = w["mel"].shape[1] * 480 / SAMPLE_RATE
+    audio_s = w["mel"].shape[1] * built.samples_per_frame / built.sample_rate
     mode = spec["reference"]
     out: dict[str, Any] = {"audio_seconds": audio_s, "warmup": spec["warmup"], "runs": spec["runs"], "mode": mode}
     cases = dict(w["cases"])
@@ -176,7 +175,7 @@ def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling:
         with ThreadPoolExecutor(conc) as pool:
             wavs = list(pool.map(lambda a: built.synthesize(a[0], a[1], sampling).wav, jobs))
         wall = time.perf_counter() - t0
-        audio = sum(len(w) for w in wavs) / SAMPLE_RATE
+        audio = sum(len(w) for w in wavs) / built.sample_rate
         out[str(conc)] = {"requests": len(jobs), "wall_s": wall, "audio_s_per_s": audio / wall if wall else 0.0}
     return out
 
@@ -207,7 +206,7 @@ def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "duration_ratio_mean": mean("duration_ratio")}
 
 
-def _write_wav(path: Path, wav: np.ndarray) -> None:
+def _write_wav(path: Path, wav: np.ndarray, sample_rate: int) -> None:
     import soundfile as sf
 
-    sf.write(str(path), wav.astype(np.float32), SAMPLE_RATE, subtype="PCM_16")
+    sf.write(str(path), wav.astype(np.float32), sample_rate, subtype="PCM_16")

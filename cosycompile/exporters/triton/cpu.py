@@ -45,7 +45,7 @@ def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     threads = options.threads or recipe_threads(w.recipe)
     sampling = recipe_sampling(w.recipe)
     params = {"bundle": "bundle", "threads": str(threads), "max_chars": str(options.max_chars),
-              "sampling": sampling.mode, "sample_rate": "24000", "bundle_key": str(w.manifest.get("key", ""))}
+              "sampling": sampling.mode, "sample_rate": str(w.sample_rate()), "bundle_key": str(w.manifest.get("key", ""))}
     return [ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                         instance_kind="KIND_CPU", instance_count=options.instances, decoupled=decoupled,
                         parameters=dict(params))

@@ -18,7 +18,6 @@ map its HF rewrite wrote (``cosycompile_llm.json``), linked into the front model
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,6 @@ TRT_MODELS = {"flow_encoder": ("flow", "flow_encoder"), "flow_estimator": ("flow
 LAST_TRITON_TRTLLM = (1, 2)  # newest TensorRT-LLM with a Triton tensorrtllm backend
 TOKEN_MAP = "cosycompile_llm.json"  # cosycompile.stages.llm.hf_rewrite.TOKEN_MAP_FILE (not imported: it loads torch)
 WAV_INPUTS = [TensorConfig("reference_wav", "float32", (-1,)), TensorConfig("reference_wav_len", "int32", (1,))]
-
-
-def _json(w: Writer, rel: str) -> dict[str, Any]:
-    try:
-        return json.loads((w.bundle / rel).read_text())
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{w.bundle / rel}: not readable ({exc.__class__.__name__})") from None
 
 
 def _graph_tensors(spec: dict[str, Any], key: str) -> list[TensorConfig]:
@@ -100,9 +92,8 @@ def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelC
     """Every model's config with its role, from the bundle's passports and recipe."""
     from cosycompile.runtime.bundle import recipe_sampling
 
-    passports = {s: _json(w, f"engines/{s}/engine.json") for s in ("llm", "flow", "hift")}
-    info = _json(w, "engines/flow/graphs.json").get("info") or {}
-    hift_info = _json(w, "engines/hift/graphs.json").get("info") or {}
+    passports = {s: w.bundle_json(f"engines/{s}/engine.json") for s in ("llm", "flow", "hift")}
+    info = w.bundle_json("engines/flow/graphs.json").get("info") or {}
     mel_bins, spk = int(info.get("mel_bins", 80)), int(info.get("spk_embed_dim", 192))
     token_map_file(w, passports["llm"])
     llm_version = _trtllm_version(passports["llm"])
@@ -111,7 +102,7 @@ def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelC
                         f"no Triton tensorrtllm backend (last: 1.2); serve the LLM with trtllm-serve and pass --llm-url")
     sampling = recipe_sampling(w.recipe)
     bls = {"frontend": "frontend", "max_chars": str(options.max_chars), "token_map": TOKEN_MAP,
-           "sample_rate": str(int(hift_info.get("sample_rate", 24000))),
+           "sample_rate": str(w.sample_rate()),
            "llm": "trtllm-serve" if options.llm_url else "tensorrt_llm", "llm_url": options.llm_url or "",
            "top_k": str(sampling.top_k), "top_p": str(sampling.top_p), "max_tokens": str(sampling.max_tokens or 0),
            "bundle_key": str(w.manifest.get("key", ""))}
@@ -152,7 +143,7 @@ def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
     front = model_names(w.manifest)
     classes = {front[0]: "TextToWave", front[1]: "TextToWave", "audio_tokenizer": "AudioTokenizer",
                "speaker_embedding": "SpeakerEmbedding", "token2wav": "Token2Wav"}
-    token_map = token_map_file(w, _json(w, "engines/llm/engine.json"))
+    token_map = token_map_file(w, w.bundle_json("engines/llm/engine.json"))
     for cfg, role in gpu_configs(w, options, out):
         w.config(cfg, role)
         if cfg.name in classes:

@@ -51,6 +51,21 @@ class Writer:
     files: dict[str, str] = field(default_factory=dict)
     models: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def bundle_json(self, rel: str) -> dict[str, Any]:
+        """A JSON file of the bundle; a one-line error if it cannot be read."""
+        try:
+            return json.loads((self.bundle / rel).read_text())
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{self.bundle / rel}: not readable ({exc.__class__.__name__})") from None
+
+    def sample_rate(self) -> int:
+        """The rate of the bundle's audio, from its vocoder graphs' info (the model's config)."""
+        rel = "engines/hift/graphs.json"
+        rate = (self.bundle_json(rel).get("info") or {}).get("sample_rate")
+        if not isinstance(rate, int) or rate <= 0:
+            raise UserError(f"{self.bundle / rel}: no sample_rate in its info (rebuild the bundle with this cosycompile)")
+        return rate
+
     def text(self, rel: str, content: str) -> None:
         """Write a generated text file."""
         path = self.root / rel

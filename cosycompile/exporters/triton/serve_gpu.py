@@ -198,7 +198,7 @@ class TextToWave(_Base):
 
         self.frontend = self._frontend()
         self.vocab = ServedVocab.read(self.dir / self.params.get("token_map", "cosycompile_llm.json"))
-        self.sample_rate = int(self.params.get("sample_rate") or 24000)
+        self.sample_rate = int(self.params["sample_rate"])
         self.sampling = recipe_sampling(json.loads((self.dir / "recipe.json").read_text()))
         self.max_chars = int(self.params.get("max_chars") or 80)
 

@@ -152,7 +152,7 @@ def test_hift_wav_equals_the_networks_causal_inference(models: Any) -> None:
     hift = models.hift
     c = hift.cfg
     info = {"samples_per_frame": hift.upsample_scale, "nb_harmonics": c.nb_harmonics, "istft_n_fft": c.istft_n_fft,
-            "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit}
+            "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate}
     rt = HiFTRuntime.from_runners({HIFT.name: TorchRunner(HiFTNetStep(hift), HIFT)}, {}, info)
     mel = (np.random.default_rng(3).standard_normal((80, 40)) * 1.5 - 5.0).astype(np.float32)
     got = rt.wav(mel, seed=5)
