@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("archive", type=Path, metavar="FILE", help="archive written by cosycompile pack")
     p.add_argument("dir", type=Path, metavar="DIR", help="folder to create (or an empty one)")
 
-    p = sub.add_parser("synthesize", help="text -> 24 kHz wav on a CPU bundle alone (no torch, no model dir)",
+    p = sub.add_parser("synthesize", help="text -> wav on a CPU bundle alone (no torch, no model dir)",
                        description="Synthesize TEXT with the bundle's engines and front end. Long texts are split "
                                    "into sentences and synthesized piece by piece with the same prompt. Sampling "
                                    "defaults are the recipe's validation.sampling.")
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="longest piece in English-character equivalents; a CJK character counts 3 (default 80)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
-    p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (24 kHz PCM16)")
+    p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (PCM16 at the model's sample rate)")
 
     p = sub.add_parser("triton", help="write a Triton Inference Server model repository of a bundle",
                        description="Write DIR as a Triton model repository serving BUNDLE. A CPU bundle (every "

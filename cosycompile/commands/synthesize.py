@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write_wav(path: Path, wav: Any, sample_rate: int) -> None:
-    """24 kHz mono PCM16, encoded in memory, then written next to ``path`` and renamed into place (no
+    """Mono PCM16 at ``sample_rate``, encoded in memory, then written next to ``path`` and renamed into place (no
     half-written file). The target is checked again first: synthesis takes long enough for a plain
     file to have been swapped for a device or a FIFO meanwhile."""
     import io
