@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 DEFAULT_ARTIFACTS = Path("artifacts")
+EXIT_SPLIT = 3  # a split build: every step this machine can run is cached, the rest is listed
 
 
 def portable_path(path: Path, cwd: Path | None = None) -> str:

@@ -110,6 +110,21 @@ def _created(manifest: dict[str, Any]) -> int:
         return 0
 
 
+ORDER = 90
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("pack", help="pack a bundle into one deterministic .tar.gz (every file checked against "
+                                    "manifest.json)",
+                       description="Write BUNDLE as one .tar.gz: the bundle's folder with manifest.json first, then "
+                                   "every file it lists in sorted order, with fixed metadata (the same bundle gives "
+                                   "the same bytes). A bundle whose files do not match their digests is refused.")
+    p.add_argument("bundle", type=Path, help="bundle dir (builds/<name>-<key12>/)")
+    p.add_argument("-o", "--out", type=Path, required=True, metavar="FILE", help="archive to write (.tar.gz)")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``pack`` command."""
     bundle: Path = args.bundle

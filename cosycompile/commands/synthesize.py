@@ -47,6 +47,35 @@ def _read_text(args: argparse.Namespace) -> str:
     return text
 
 
+ORDER = 110
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("synthesize", help="text -> wav on a CPU bundle alone (no torch, no model dir)",
+                       description="Synthesize TEXT with the bundle's engines and front end. Long texts are split "
+                                   "into sentences and synthesized piece by piece with the same prompt. Sampling "
+                                   "defaults are the recipe's validation.sampling.")
+    p.add_argument("bundle", type=Path, help="bundle dir (a build's, or one from cosycompile unpack)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="text to say")
+    src.add_argument("--text-file", type=Path, metavar="FILE", help="UTF-8 file with the text to say")
+    p.add_argument("--prompt-wav", type=Path, metavar="WAV", help="zero-shot prompt audio (the voice to imitate)")
+    p.add_argument("--prompt-text", metavar="TEXT", help="what the prompt audio says (needs --prompt-wav)")
+    p.add_argument("--seed", type=int, default=None, help="sampling and vocoder seed of the first piece; piece k "
+                                                          "uses SEED+k (default: the recipe's sampling seed)")
+    p.add_argument("--sampling", choices=("greedy", "ras"), default=None,
+                   help="speech-token sampling (default: the recipe's validation.sampling.mode)")
+    p.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                   help="cap on speech tokens per piece, 0 for none (default: the recipe's)")
+    p.add_argument("--max-chars", type=int, default=80, metavar="N",
+                   help="longest piece in English-character equivalents; a CJK character counts 3 (default 80)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
+    p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (PCM16 at the model's sample rate)")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``synthesize`` command."""
     import numpy as np

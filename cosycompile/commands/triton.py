@@ -8,10 +8,39 @@ The repository's README.md says how to start the server. Torch is never imported
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from pathlib import Path
 
 from cosycompile.commands._output import check_out_dir
 from cosycompile.errors import UserError
+
+
+ORDER = 120
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("triton", help="write a Triton Inference Server model repository of a bundle",
+                       description="Write DIR as a Triton model repository serving BUNDLE. A CPU bundle (every "
+                                   "stage on onnxruntime) gives python-backend models running its engines: "
+                                   "FAMILY (decoupled, gRPC streaming, one response per text piece) and "
+                                   "FAMILY_offline (HTTP), FAMILY the bundle's model family (cosyvoice2, "
+                                   "cosyvoice3). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
+                                   "the CosyVoice runtime layout: BLS FAMILY and FAMILY_offline, token2wav, vocoder, "
+                                   "speaker_embedding, audio_tokenizer and tensorrt_llm (or --llm-url). Configs come "
+                                   "from the bundle's manifest and recipe; DIR/README.md says how to start the server.")
+    p.add_argument("bundle", type=Path, help="bundle dir (a build's, or one from cosycompile unpack)")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="repository folder to create (must not exist, or be empty)")
+    p.add_argument("--instances", type=int, default=1, metavar="N", help="instances per model (default 1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="intra-op threads per CPU instance (default: the recipe's validation.speed.threads)")
+    p.add_argument("--max-chars", type=int, default=80, metavar="N",
+                   help="longest text piece in English-character equivalents, as for synthesize (default 80)")
+    p.add_argument("--llm-url", metavar="URL",
+                   help="GPU bundles: call a trtllm-serve at URL (TensorRT-LLM > 1.2 has no Triton backend) "
+                        "instead of generating a tensorrt_llm model")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -154,6 +154,20 @@ def _name(top: str, rel: str) -> str:
     return f"{top}/{rel}" if top else rel
 
 
+ORDER = 100
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("unpack", help="unpack a bundle archive into DIR, verifying every digest (all or nothing)",
+                       description="Extract FILE into DIR (must not exist, or be empty). Refuses links, devices, "
+                                   "paths leaving DIR and files not in the manifest, checks every digest, and leaves "
+                                   "DIR untouched on any refusal.")
+    p.add_argument("archive", type=Path, metavar="FILE", help="archive written by cosycompile pack")
+    p.add_argument("dir", type=Path, metavar="DIR", help="folder to create (or an empty one)")
+    return p
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``unpack`` command."""
     archive: Path = args.archive

@@ -3,10 +3,14 @@ run them (a GPU bundle built on a CPU machine says "built, not validated here" u
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
+from cosycompile.commands._args import add_common
 from cosycompile.errors import UserError
+
+ORDER = 50
 
 
 def validate_bundle(bundle: Path, artifacts: Path, reporter: Any, recipe_path: Path | None = None,
@@ -38,3 +42,28 @@ def validate_bundle(bundle: Path, artifacts: Path, reporter: Any, recipe_path: P
     store = Store(artifacts)
     result = executor(plan, store, reporter, force=force).run()
     return exporter_infos()["bundle"].hook("export")(plan, store, result), recipe
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("validate", help="run the checks of a bundle on its own engines (on a machine that can run them)",
+                       description="Validate BUNDLE's engines against the PyTorch FP32 reference, as a build would, "
+                                   "and write a validated bundle. Needs the bundle's recipe (recorded in its manifest, "
+                                   "or --recipe) and its model and eval set.")
+    p.add_argument("bundle", type=Path, help="bundle dir")
+    p.add_argument("--recipe", type=Path, help="the recipe file, if not where the manifest says")
+    p.add_argument("--force", action="store_true", help="re-run every step even if cached")
+    add_common(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``validate`` command."""
+    from cosycompile.commands.gate import apply_gate
+    from cosycompile.core.graph import Reporter
+
+    bundle, recipe = validate_bundle(args.bundle, args.artifacts, Reporter(quiet=args.quiet), args.recipe, args.force)
+    print(f"validated: {bundle}")
+    g = recipe.validation.gate
+    th = g.thresholds()
+    return apply_gate(bundle, None, th["min"], th["max"], g.max_quality_drop, g.max_slowdown)

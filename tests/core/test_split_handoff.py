@@ -110,7 +110,7 @@ def test_finish_command_without_a_remote_names_the_cache_it_needs(tmp_path: Path
 
 def test_ci_doc_lists_every_exit_status() -> None:
     """docs/ci.md's table names each status the CLI returns, the split build's 3 included."""
-    from cosycompile.cli import EXIT_SPLIT
+    from cosycompile.split import EXIT_SPLIT
 
     rows = [ln for ln in (REPO / "docs" / "ci.md").read_text().splitlines() if ln.startswith("| ")]
     listed = {ln.split("|")[1].strip() for ln in rows}

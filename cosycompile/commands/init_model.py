@@ -1,0 +1,43 @@
+"""``cosycompile init-model builtin:NAME --out DIR``: a built-in model written as its family's checkpoint dir."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from cosycompile.errors import UserError
+
+ORDER = 30
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """This command's entry in the ``cosycompile`` parser."""
+    p = sub.add_parser("init-model", help="write a built-in model as a checkpoint dir of its family",
+                       description="Write builtin:tiny or builtin:random-0.5b in the real layout of its model "
+                                   "family (CosyVoice2: cosyvoice2.yaml, llm.pt, flow.pt, hift.pt, "
+                                   "CosyVoice-BlankEN/, front-end ONNX).")
+    p.add_argument("spec", help="builtin:tiny or builtin:random-0.5b")
+    p.add_argument("--out", type=Path, required=True, help="output folder (must not exist or be empty)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``init-model`` command."""
+    from cosycompile.errors import ModelError
+    from cosycompile.families import BUILTIN_PREFIX, builtin_family
+
+    try:
+        if not args.spec.startswith(BUILTIN_PREFIX):
+            raise ModelError(f"'{args.spec}' is not a built-in model ({BUILTIN_PREFIX}<name>)")
+        family = builtin_family(args.spec)
+    except ModelError as exc:
+        raise UserError(str(exc)) from None
+    out: Path = args.out
+    from cosycompile.commands._output import check_out_dir
+
+    check_out_dir(out, "--out", need_parent=False)
+    family.hook("init_model")(args.spec, out, seed=args.seed)
+    print(f"wrote {args.spec} (seed {args.seed}) to {out}")
+    return 0

@@ -1,0 +1,42 @@
+"""Conformance of the command plug-ins (``cosycompile/commands/``, discovered by ``cli.py``)."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from cosycompile.cli import build_parser, command_modules
+
+
+def _names() -> list[str]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)
+
+
+def test_every_command_module_has_its_parts_and_a_place() -> None:
+    mods = command_modules()
+    assert len(mods) >= 12
+    for mod in mods:
+        assert isinstance(mod.ORDER, int) and callable(mod.add_parser) and callable(mod.run), mod.__name__
+        assert not mod.__name__.rsplit(".", 1)[1].startswith("_")
+    orders = [m.ORDER for m in mods]
+    assert len(set(orders)) == len(orders), "two commands share an ORDER"
+    # Each module adds exactly one command, named after it (underscores as dashes).
+    assert _names() == [m.__name__.rsplit(".", 1)[1].replace("_", "-") for m in mods]
+
+
+@pytest.mark.parametrize("name", _names())
+def test_every_command_explains_itself(name: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "cosycompile", name, "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0 and res.stdout.startswith(f"usage: cosycompile {name}"), res.stderr
+
+
+def test_a_reader_that_goes_away_is_no_traceback() -> None:
+    """`cosycompile gate --list-metrics | head -1`: the closed pipe ends the command quietly."""
+    res = subprocess.run(f"{sys.executable} -m cosycompile gate --list-metrics | head -1", shell=True,
+                         capture_output=True, text=True, timeout=120)
+    assert len(res.stdout.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
