@@ -26,6 +26,7 @@ examples:
   cosycompile build recipes/cpu-fp32.yaml          build, validate and bundle a recipe
   cosycompile plan recipes/cpu-fp32.yaml           show what would run and why (no work)
   cosycompile init-model builtin:tiny --out m/     write a built-in model as a checkpoint dir
+  cosycompile recipe --options                     every recipe key, its type, default and meaning
   cosycompile cache verify --full                  re-hash every cache entry
   cosycompile build R.yaml --cache-remote s3://bucket/cosy   share steps through an S3-compatible store
   cosycompile cache push BUNDLE --cache-remote URL  upload the cache entries a bundle was built from

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.core.targets import Target
@@ -26,7 +26,7 @@ class NoQuantization(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["fp32"] = "fp32"
+    format: Literal["fp32"] = Field("fp32", description="fp32: no quantization")
 
 
 @dataclass(frozen=True)

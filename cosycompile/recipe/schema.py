@@ -17,6 +17,10 @@ from cosycompile.errors import RecipeError
 from cosycompile.core.targets import TARGETS
 from cosycompile.recipe.yaml_lines import KeyPath, Located, load_located, merge
 
+# Keys the loader fills in (the recipe file and its folder); a recipe that writes one is refused.
+RESERVED_KEYS = ("source", "base_dir")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -25,32 +29,33 @@ class ExportSpec(_Strict):
     """How a stage's network becomes an ONNX graph."""
 
     opset: int = Field(18, ge=18, le=23, description="ONNX opset (torch 2.13's exporter needs >= 18)")
-    simplify: Literal["onnxslim", "onnxsim", "none"] = "onnxslim"
+    simplify: Literal["onnxslim", "onnxsim", "none"] = Field("onnxslim", description="graph simplifier run after export")
 
 
 class EngineSpec(_Strict):
     """Which backend turns the (quantized) graphs into an engine; ``options`` is that backend's spec."""
 
-    backend: str = "onnxruntime"
-    options: dict[str, Any] = Field(default_factory=dict)
+    backend: str = Field("onnxruntime", description="the backend that builds the engine (a folder of backends/)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the backend's options (its own spec)")
 
 
 class StageSpec(_Strict):
     """One stage of a recipe. ``quantize`` and ``engine.options`` are validated by the chosen
     quantizer's and backend's own specs; ``check`` by the stage's check spec."""
 
-    enabled: bool = True
-    export: ExportSpec = ExportSpec()
-    quantize: dict[str, Any] = Field(default_factory=lambda: {"format": "fp32"})
-    engine: EngineSpec = EngineSpec()
-    check: dict[str, Any] = Field(default_factory=dict)
+    enabled: bool = Field(True, description="false: the stage is not built (the pipeline check then needs it)")
+    export: ExportSpec = Field(ExportSpec(), description="how the network becomes a graph")
+    quantize: dict[str, Any] = Field(default_factory=lambda: {"format": "fp32"},
+                                     description="the format, and the settings of the quantizer that writes it")
+    engine: EngineSpec = Field(EngineSpec(), description="the backend and its options")
+    check: dict[str, Any] = Field(default_factory=dict, description="the stage check's workload (its check spec)")
     runtime: dict[str, Any] = Field(default_factory=dict, description="the stage's runtime settings (its runtime spec)")
 
 
 class SamplingSpec(_Strict):
     """How speech tokens are drawn on the eval set (same for reference and build)."""
 
-    mode: Literal["greedy", "ras"] = "greedy"
+    mode: Literal["greedy", "ras"] = Field("greedy", description="greedy, or repetition-aware sampling (upstream's)")
     seed: int = Field(0, ge=0, lt=2**32, description="sampling seed (numpy's range)")
     max_tokens: int | None = Field(200, ge=1, le=100_000, description="cap on speech tokens per item (None: 20x text)")
 
@@ -58,7 +63,7 @@ class SamplingSpec(_Strict):
 class SpeedSpec(_Strict):
     """How speed is measured: always on the first eval item, as a ratio against the FP32 reference."""
 
-    warmup: int = Field(1, ge=0, le=100)
+    warmup: int = Field(1, ge=0, le=100, description="untimed runs per side before the timed ones")
     runs: int = Field(3, ge=1, le=1000, description="timed runs per side (interleaved pairs with reference: same-run)")
     min_seconds: float = Field(0.0, ge=0, le=86_400, description="keep timing pairs past `runs` until this many seconds have "
                                                       "passed, so one slow spell of a shared machine cannot set a ratio")
@@ -77,8 +82,8 @@ class CalibrationSpec(_Strict):
     """Where calibration data comes from: the FP32 reference run over a calibration set."""
 
     set: str = Field("../calib_data/calib", description="folder with manifest.jsonl, relative to the recipe file")
-    max_items: int = Field(16, ge=1, le=10_000)
-    sampling: SamplingSpec = SamplingSpec()
+    max_items: int = Field(16, ge=1, le=10_000, description="calibration items used (the first ones)")
+    sampling: SamplingSpec = Field(SamplingSpec(), description="how the reference draws tokens on them")
     same_as_eval: bool = Field(False, description="allow the eval set as calibration set (quality figures then "
                                                   "overstate the engine's quality on unseen text)")
     max_estimator_calls: int = Field(64, ge=1, le=100_000, description="CFM estimator inputs kept (spread over steps/items)")
@@ -107,30 +112,33 @@ class GateSpec(_Strict):
 
 
 class ValidationSpec(_Strict):
+    """How a build is judged against the FP32 reference."""
+
     eval_set: str = Field(description="folder with manifest.jsonl, relative to the recipe file")
-    max_items: int = Field(4, ge=1, le=10_000)
-    sampling: SamplingSpec = SamplingSpec()
-    speed: SpeedSpec = SpeedSpec()
-    gate: GateSpec = GateSpec()
+    max_items: int = Field(4, ge=1, le=10_000, description="eval items synthesized (the first ones)")
+    sampling: SamplingSpec = Field(SamplingSpec(), description="how tokens are drawn, the same on both sides")
+    speed: SpeedSpec = Field(SpeedSpec(), description="how speed is measured")
+    gate: GateSpec = Field(GateSpec(), description="what the build must reach to pass")
 
 
 class Recipe(_Strict):
     """A validated recipe. ``source`` and ``base_dir`` are filled in by :func:`load_recipe`."""
 
     # A bundle folder is "<name>-<key12>": 200 characters keep it within the 255 a file system takes.
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200)
-    description: str = ""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=200,
+                      description="names the bundle folder builds/<name>-<key12>/")
+    description: str = Field("", description="one line for people; no effect on the build")
     model: str = Field(description="'builtin:tiny', 'builtin:random-0.5b' or a model dir; or a mapping "
                                    "{path: <that>, family: <name>} naming the model family (model.family), "
                                    "which is otherwise read from the model dir's config file")
-    target: str = "cpu"
-    stages: dict[str, StageSpec] = Field(default_factory=dict)
-    calibration: CalibrationSpec = CalibrationSpec()
-    validation: ValidationSpec
+    target: str = Field("cpu", description="the hardware the engines are for (cosycompile.core.targets)")
+    stages: dict[str, StageSpec] = Field(default_factory=dict, description="per stage (llm, flow, hift): how it is built")
+    calibration: CalibrationSpec = Field(CalibrationSpec(), description="the data quantizers calibrate on")
+    validation: ValidationSpec = Field(description="the eval set, speed measurement and gate")
     exports: list[str] = Field(default_factory=lambda: ["bundle"], description="deployable outputs (exporters)")
 
-    source: str = ""
-    base_dir: str = ""
+    source: str = Field("", description="filled in by the loader: the recipe file (not a recipe key)")
+    base_dir: str = Field("", description="filled in by the loader: the recipe's folder (not a recipe key)")
     _typed: dict[str, dict[str, Any]] = PrivateAttr(default_factory=dict)
     _family: str | None = PrivateAttr(default=None)
 
@@ -266,7 +274,7 @@ def load_recipe(path: str | Path) -> Recipe:
         raise RecipeError(f"{path}: is a directory, expected a recipe .yaml file")
     located = _load_with_extends(path)
     data = dict(located.data)
-    for reserved in ("source", "base_dir"):
+    for reserved in RESERVED_KEYS:
         if reserved in data:
             raise RecipeError(f"{located.where((reserved,))}: unknown key '{reserved}'")
     data["source"] = str(path)

@@ -24,7 +24,8 @@ class Options(BaseModel):
     optimization: Literal["disable", "basic", "extended", "all"] = Field(
         "extended", description="graph optimizations applied offline and saved; 'all' adds layout changes "
                                 "specific to the build machine's CPU")
-    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    execution_mode: Literal["sequential", "parallel"] = Field(
+        "sequential", description="ONNX Runtime's execution mode: parallel runs independent branches at once")
     rewrites: tuple[Literal["attention", "mish", "kv_cache"], ...] = Field(
         ("attention", "mish", "kv_cache"),
         description="exact graph rewrites applied after the offline optimization (not with 'disable'): 'attention' "

@@ -41,7 +41,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
-    format: Literal["fp16"]
+    format: Literal["fp16"] = Field(description="the format the graphs are quantized to")
     keep_fp32: list[str] = Field(default_factory=list, description="node-name regexes (searched) kept in FP32")
     data_max: float = Field(FP16_MAX, gt=0, le=FP16_MAX,
                             description="nodes whose inputs/outputs on the recorded real inputs exceed this stay FP32")

@@ -23,7 +23,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
-    format: Literal["int8", "fp8", "int4"]
+    format: Literal["int8", "fp8", "int4"] = Field(description="the format the graphs are quantized to")
     method: str | None = Field(None, description="calibration method (default: per format)")
     block_size: int | None = Field(None, ge=16, description="INT4 block size (int4; 128)")
     exclude: list[str] = Field(default_factory=list, description="node-name regexes kept in high precision")

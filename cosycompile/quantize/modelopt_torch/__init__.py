@@ -26,7 +26,8 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
-    format: Literal["int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"]
+    format: Literal["int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"] = Field(
+        description="the format the graphs are quantized to")
     method: str | None = Field(None, description="calibration method (default: per format)")
     alpha: float | None = Field(None, ge=0.0, le=1.0, description="SmoothQuant migration strength (int8_sq; 0.5)")
     block_size: int | None = Field(None, ge=16, description="INT4 group size (int4_awq, w4a8_awq; 128)")

@@ -22,8 +22,8 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    quantizer: Literal["ort_dynamic"] = "ort_dynamic"
-    format: Literal["int8"]
+    quantizer: Literal["ort_dynamic"] = Field("ort_dynamic", description="this quantizer (chosen by format when absent)")
+    format: Literal["int8"] = Field(description="the format the graphs are quantized to")
     op_types: list[Literal["MatMul", "Gemm", "Conv"]] = Field(
         default_factory=lambda: ["MatMul", "Gemm"],
         description="op types quantized (Conv -> ConvInteger, which ONNX Runtime's CPU kernels run slowly)")

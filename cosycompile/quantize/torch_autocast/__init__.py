@@ -18,8 +18,8 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    quantizer: Literal["torch_autocast"] = "torch_autocast"
-    format: Literal["bf16", "fp16"]
+    quantizer: Literal["torch_autocast"] = Field("torch_autocast", description="this quantizer (chosen by format when absent)")
+    format: Literal["bf16", "fp16"] = Field(description="the format the graphs are quantized to")
     graphs: list[str] | None = Field(None, description="graphs of the stage to cast (default: all of them)")
 
 

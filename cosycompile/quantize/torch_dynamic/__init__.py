@@ -28,8 +28,8 @@ class Spec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    quantizer: Literal["torch_dynamic"] = "torch_dynamic"
-    format: Literal["int8", "fp8"]
+    quantizer: Literal["torch_dynamic"] = Field("torch_dynamic", description="this quantizer (chosen by format when absent)")
+    format: Literal["int8", "fp8"] = Field(description="the format the graphs are quantized to")
     graphs: list[str] | None = Field(None, description="graphs to quantize (default: the stage's quantizable "
                                                         "graphs, or all of them when it marks none, as the LLM)")
     keep_fp32: list[str] = Field(default_factory=list,

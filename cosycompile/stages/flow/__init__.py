@@ -40,7 +40,8 @@ class FlowCheck(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    lengths: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512], min_length=1)
+    lengths: list[int] = Field(default_factory=lambda: [16, 64, 128, 256, 512], min_length=1,
+                               description="mel lengths of the estimator calls compared and timed")
     cfm_tokens: int = Field(50, ge=1, description="speech tokens per eval prompt for the CFM comparison")
 
 

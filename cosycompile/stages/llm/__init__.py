@@ -6,7 +6,7 @@ same for prefill and decode and lets the prompt mix text and speech embeddings f
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from cosycompile.runtime.graphspec import Dim, GraphSpec, Tensor
 from cosycompile.stages import Metric, StageInfo
@@ -44,7 +44,7 @@ class LLMCheck(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    speed_tokens: int = 32
+    speed_tokens: int = Field(32, description="decode steps timed for the per-token speed")
 
 
 PLUGIN = StageInfo(
