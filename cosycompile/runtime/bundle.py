@@ -84,9 +84,14 @@ def bundle_parts(bundle: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def verify_frontend(bundle: Path, manifest: dict[str, Any]) -> None:
     """The front end's files match the manifest (engines are checked by their passports when they load)."""
+    verify_files(bundle, manifest, f"{FRONTEND_DIR}/")
+
+
+def verify_files(bundle: Path, manifest: dict[str, Any], prefix: str = "") -> None:
+    """Every file the manifest lists (under ``prefix``) is there with its digest; a one-line error
+    naming the first that is not."""
     from cosycompile.core.hashing import sha256_file
 
-    prefix = f"{FRONTEND_DIR}/"
     for rel, digest in sorted(manifest["files"].items()):
         if rel.startswith(prefix):
             path = bundle / rel

@@ -108,6 +108,19 @@ def test_cli_writes_the_same_configs_and_refuses_bad_input(build: dict[str, Path
     assert "--out DIR" in help_text and "FAMILY_offline" in help_text and "cosyvoice3" in help_text
 
 
+def test_a_damaged_bundle_makes_no_repository(build: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    bundle = shutil.copytree(build["bundle"], tmp_path / "bundle")
+    engine = next((bundle / "engines" / "hift").glob("*.onnx"))
+    data = bytearray(engine.read_bytes())
+    data[-1] ^= 1
+    engine.write_bytes(bytes(data))
+    line = one_line_error(run_cli("triton", str(bundle), "--out", str(tmp_path / "repo")))
+    assert engine.name in line and "digest mismatch" in line and "cosycompile build" in line
+    assert not (tmp_path / "repo").exists()
+
+
 def test_cpu_configs_parse_and_match_the_bundle(build: dict[str, Path]) -> None:
     recipe = json.loads((build["bundle"] / "recipe.json").read_text())
     for model, decoupled in (("cosyvoice2", True), ("cosyvoice2_offline", False)):

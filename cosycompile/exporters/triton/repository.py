@@ -122,26 +122,13 @@ def bundle_layout(manifest: dict[str, Any], where: Path) -> str:
                     f"onnxruntime) or a GPU bundle (llm=trtllm, flow=tensorrt, hift=tensorrt)")
 
 
-def verify_bundle(bundle: Path, manifest: dict[str, Any]) -> None:
-    """Every file the manifest lists is there with its digest: a damaged bundle makes no repository."""
-    for rel, digest in sorted(manifest["files"].items()):
-        path = bundle / rel
-        try:
-            got = sha256_file(path)
-        except OSError as exc:
-            raise UserError(f"{path}: unreadable ({exc.strerror or exc}); copy the bundle again") from None
-        if got != digest:
-            raise UserError(f"{path}: digest mismatch with {bundle / 'manifest.json'} (changed or truncated since "
-                            f"the build); copy the bundle again or rebuild it")
-
-
 def write_repository(bundle: Path, out: Path, options: RepoOptions = RepoOptions()) -> Path:
     """Write the repository of ``bundle`` to ``out`` (which must not exist, or be empty) atomically."""
-    from cosycompile.runtime.bundle import bundle_parts
+    from cosycompile.runtime.bundle import bundle_parts, verify_files
 
     manifest, recipe = bundle_parts(bundle)
     layout = bundle_layout(manifest, bundle)
-    verify_bundle(bundle, manifest)
+    verify_files(bundle, manifest)  # a damaged bundle makes no repository
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
     try:
