@@ -10,7 +10,7 @@ import pytest
 
 from helpers import REPO, run_cli, write_recipe
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def test_slower_than_baseline_beyond_margin_fails(tmp_path: Path) -> None:
