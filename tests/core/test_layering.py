@@ -114,3 +114,18 @@ def test_a_forbidden_import_fails(tmp_path: Path, line: str) -> None:
     rules, _ = rules_from(DOC.read_text(), top_level(pkg))
     found = violations(pkg, rules)
     assert {m for m, _ in found} == {"cosycompile.core.graph"}, found
+
+
+# Test folders that mirror a top-level folder of the repository rather than the package, or that
+# test across it (hostile inputs, the portable bundle from build to another machine).
+NOT_PACKAGES = {"bench": "bench/", "recipes": "recipes/", "data": "fixtures", "hostile": "every entry point",
+                "bundle": "a bundle's whole journey"}
+
+
+def test_tests_mirror_the_package() -> None:
+    """Every test sits in the folder of the package it tests; no test file at the top of tests/."""
+    tests = REPO / "tests"
+    assert not [p.name for p in tests.glob("test_*.py")], "a test file at the top of tests/: move it to its package's folder"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    packages = {p.name for p in (REPO / "cosycompile").iterdir() if (p / "__init__.py").is_file()}
+    assert folders - packages <= set(NOT_PACKAGES), sorted(folders - packages - set(NOT_PACKAGES))
