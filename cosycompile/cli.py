@@ -21,20 +21,7 @@ from typing import Any, Sequence
 from cosycompile import __version__
 from cosycompile.errors import UserError
 
-EPILOG = """\
-examples:
-  cosycompile build recipes/cpu-fp32.yaml          build, validate and bundle a recipe
-  cosycompile plan recipes/cpu-fp32.yaml           show what would run and why (no work)
-  cosycompile init-model builtin:tiny --out m/     write a built-in model as a checkpoint dir
-  cosycompile recipe --options                     every recipe key, its type, default and meaning
-  cosycompile cache verify --full                  re-hash every cache entry
-  cosycompile build R.yaml --cache-remote s3://bucket/cosy   share steps through an S3-compatible store
-  cosycompile cache push BUNDLE --cache-remote URL  upload the cache entries a bundle was built from
-  cosycompile pack BUNDLE -o bundle.tar.gz         one verified archive of a bundle
-  cosycompile unpack bundle.tar.gz DIR             unpack it on another machine (all or nothing)
-  cosycompile synthesize DIR --text "Hello." --out hello.wav   text -> wav with the bundle alone
-  cosycompile triton DIR --out repo/                Triton model repository of a bundle
-
+EXIT_STATUS = """\
 exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths),
   3 built in part: the steps this machine cannot run (e.g. a GPU engine builder that is not installed)
   are listed with the command that finishes them elsewhere
@@ -52,14 +39,19 @@ def command_modules() -> list[ModuleType]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``cosycompile`` parser with every command's sub-parser."""
+    mods = command_modules()
+    # Each command brings its own examples (EXAMPLES: (command line, what it does) pairs).
+    examples = [e for m in mods for e in getattr(m, "EXAMPLES", ())]
+    width = max(len(cmd) for cmd, _ in examples)
+    epilog = "examples:\n" + "".join(f"  {cmd:<{width}}  {what}\n" for cmd, what in examples) + "\n" + EXIT_STATUS
     parser = argparse.ArgumentParser(
         prog="cosycompile",
         description="Build CosyVoice models into validated, cached engines (ONNX Runtime, TensorRT, TensorRT-LLM).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cosycompile {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in command_modules():
+    for mod in mods:
         mod.add_parser(sub).set_defaults(run=mod.run)
     return parser
 

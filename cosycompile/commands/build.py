@@ -10,6 +10,10 @@ from cosycompile.commands._args import add_common, add_remote
 from cosycompile.commands._build import build_or_plan
 
 ORDER = 10
+EXAMPLES = (
+    ('cosycompile build recipes/cpu-fp32.yaml', 'build, validate and bundle a recipe'),
+    ('cosycompile build R.yaml --cache-remote s3://bucket/cosy', 'share steps through an S3-compatible store'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -10,6 +10,10 @@ from cosycompile.commands._args import add_common, add_remote
 from cosycompile.errors import UserError
 
 ORDER = 80
+EXAMPLES = (
+    ('cosycompile cache verify --full', 're-hash every cache entry'),
+    ('cosycompile cache push BUNDLE --cache-remote URL', 'upload the cache entries a bundle was built from'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -9,6 +9,9 @@ from typing import Any
 from cosycompile.errors import UserError
 
 ORDER = 40
+EXAMPLES = (
+    ('cosycompile gate BUNDLE --baseline OLD', 'pass or fail a bundle, also against a baseline'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

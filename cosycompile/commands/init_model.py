@@ -9,6 +9,9 @@ from typing import Any
 from cosycompile.errors import UserError
 
 ORDER = 30
+EXAMPLES = (
+    ('cosycompile init-model builtin:tiny --out m/', 'write a built-in model as a checkpoint dir'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -111,6 +111,9 @@ def _created(manifest: dict[str, Any]) -> int:
 
 
 ORDER = 90
+EXAMPLES = (
+    ('cosycompile pack BUNDLE -o bundle.tar.gz', 'one verified archive of a bundle'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

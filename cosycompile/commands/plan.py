@@ -10,6 +10,9 @@ from cosycompile.commands._args import add_common, add_remote
 from cosycompile.commands._build import build_or_plan
 
 ORDER = 20
+EXAMPLES = (
+    ('cosycompile plan recipes/cpu-fp32.yaml', 'show what would run and why (no work)'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -9,6 +9,9 @@ from typing import Any
 from cosycompile.errors import UserError
 
 ORDER = 35
+EXAMPLES = (
+    ('cosycompile recipe --options', 'every recipe key, its type, default and meaning'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -48,6 +48,9 @@ def _read_text(args: argparse.Namespace) -> str:
 
 
 ORDER = 110
+EXAMPLES = (
+    ('cosycompile synthesize DIR --text "Hello." --out hello.wav', 'text -> wav with the bundle alone'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -16,6 +16,9 @@ from cosycompile.errors import UserError
 
 
 ORDER = 120
+EXAMPLES = (
+    ('cosycompile triton DIR --out repo/', 'Triton model repository of a bundle'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -155,6 +155,9 @@ def _name(top: str, rel: str) -> str:
 
 
 ORDER = 100
+EXAMPLES = (
+    ('cosycompile unpack bundle.tar.gz DIR', 'unpack it on another machine (all or nothing)'),
+)
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

@@ -26,6 +26,10 @@ def test_every_command_module_has_its_parts_and_a_place() -> None:
     assert len(set(orders)) == len(orders), "two commands share an ORDER"
     # Each module adds exactly one command, named after it (underscores as dashes).
     assert _names() == [m.__name__.rsplit(".", 1)[1].replace("_", "-") for m in mods]
+    # Its examples in `cosycompile --help` are of that command.
+    for mod, name in zip(mods, _names()):
+        for cmd, what in getattr(mod, "EXAMPLES", ()):
+            assert cmd.split()[:2] == ["cosycompile", name] and what, (name, cmd)
 
 
 @pytest.mark.parametrize("name", _names())
