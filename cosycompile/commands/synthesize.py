@@ -24,7 +24,7 @@ from cosycompile.commands._output import check_out_file
 from cosycompile.core.atomic import write_atomic
 from cosycompile.errors import UserError
 from cosycompile.runtime.bundle import bundle_parts, load_bundle, recipe_sampling, synthesize_pieces
-from cosycompile.runtime.text import split_text
+from cosycompile.runtime.text import DEFAULT_MAX_CHARS, split_text
 
 MAX_TEXT_FILE_BYTES = 1 << 20  # a book chapter is ~100 kB; synthesis is split into pieces anyway
 
@@ -71,8 +71,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="speech-token sampling (default: the recipe's validation.sampling.mode)")
     p.add_argument("--max-tokens", type=int, default=None, metavar="N",
                    help="cap on speech tokens per piece, 0 for none (default: the recipe's)")
-    p.add_argument("--max-chars", type=int, default=80, metavar="N",
-                   help="longest piece in English-character equivalents; a CJK character counts 3 (default 80)")
+    p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
+                   help="longest piece in English-character equivalents; a CJK character counts 3 (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
     p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (PCM16 at the model's sample rate)")

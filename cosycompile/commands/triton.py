@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cosycompile.commands._output import check_out_dir
 from cosycompile.errors import UserError
+from cosycompile.runtime.text import DEFAULT_MAX_CHARS
 
 
 ORDER = 120
@@ -38,8 +39,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=1, metavar="N", help="instances per model (default 1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per CPU instance (default: the recipe's validation.speed.threads)")
-    p.add_argument("--max-chars", type=int, default=80, metavar="N",
-                   help="longest text piece in English-character equivalents, as for synthesize (default 80)")
+    p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
+                   help="longest text piece in English-character equivalents, as for synthesize (default %(default)s)")
     p.add_argument("--llm-url", metavar="URL",
                    help="GPU bundles: call a trtllm-serve at URL (TensorRT-LLM > 1.2 has no Triton backend) "
                         "instead of generating a tensorrt_llm model")

@@ -13,6 +13,7 @@ from pydantic_core import PydanticUndefined
 
 from cosycompile.recipe.schema import RESERVED_KEYS, Recipe, StageSpec
 
+
 @dataclass(frozen=True)
 class Option:
     """One recipe key: its dotted path, type, default (None: required) and description; ``scope``
@@ -32,8 +33,7 @@ def _type_name(annotation: Any) -> str:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping"
     if origin is not None or not isinstance(annotation, type):
-        text = str(annotation).replace("typing.", "")
-        return text.split("[", 1)[0] if "BaseModel" in text or "Spec" in text else text
+        return str(annotation).replace("typing.", "")
     return annotation.__name__
 
 

@@ -11,11 +11,10 @@ few microseconds. Here each layer is
 4. RMSNorm + the merged gate/up product + SiLU(gate) * up;
 5. down_proj + the residual add;
 
-and the head is one more (RMSNorm + product + bias): 5 L + 2 launches a token. :class:`Tiling`
-says how each launch is cut into programs. The residual stream
-stays float32 between kernels; weights are BF16, or FP8 (e4m3) / INT8 with one scale per output row
-(weight-only: the activations stay float32, so a step reads half the weight bytes). The cache keeps
-the step's dtype.
+and the head is one more (RMSNorm + product + bias): 5 L + 2 launches a token; :class:`Tiling`
+says how each launch is cut into programs. The residual stream stays float32 between kernels;
+weights are BF16, or FP8 (e4m3) / INT8 with one scale per output row (weight-only: the activations
+stay float32, so a step reads half the weight bytes). The cache keeps the step's dtype.
 
 :class:`FusedDecodeStep` has the call signature of ``LLMStaticStep`` (``(inputs_embeds, key_values,
 position) -> (logits, new_key_values)``), so ``StaticCacheDecoder`` captures it as one CUDA graph

@@ -66,6 +66,7 @@ def readme(w: Writer, options: RepoOptions) -> str:
     from cosycompile.exporters.triton.server import server_ld_library_path, server_pythonpath
 
     streaming, offline = model_names(w.manifest)
+    rate = w.sample_rate()
     return f"""# Triton model repository of bundle `{w.bundle.name}` (CPU, ONNX Runtime)
 
 Written by `cosycompile triton` from recipe `{w.manifest.get('recipe')}` (bundle key `{w.manifest.get('key')}`).
@@ -80,7 +81,7 @@ runtime: the same code as `cosycompile synthesize`, so the same text and seed gi
 Inputs (batch dim 1): `target_text` BYTES [1,1] or `target_text_utf8` UINT8 [1,N] (its UTF-8 bytes);
 optional `reference_wav` FP32 [1,N] (16 kHz prompt audio), `reference_wav_len` INT32 [1,1], `reference_text`
 BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; optional `seed` INT64 [1,1] (text piece k uses seed+k;
-default the recipe's sampling seed). Output: `waveform` FP32 [1,samples], 24 kHz mono.
+default the recipe's sampling seed). Output: `waveform` FP32 [1,samples], {rate} Hz mono.
 
 **BYTES and numpy 2.** The python stub of tritonserver 2.51 (the `nvidia-pytriton` 0.7.0 wheel) converts
 tensors with a pybind11 built for numpy 1.x; under numpy 2 a BYTES tensor reaches Python garbled. The
@@ -127,7 +128,7 @@ import numpy as np, tritonclient.http as http, tritonclient.grpc as grpc
 text = np.frombuffer("Hello there.".encode(), np.uint8)[None]   # or BYTES target_text where the stub allows
 c = http.InferenceServerClient("127.0.0.1:8000")
 i = http.InferInput("target_text_utf8", list(text.shape), "UINT8"); i.set_data_from_numpy(text)
-wav = c.infer("{offline}", [i]).as_numpy("waveform")[0]          # 24 kHz float32
+wav = c.infer("{offline}", [i]).as_numpy("waveform")[0]          # {rate} Hz float32
 
 g = grpc.InferenceServerClient("127.0.0.1:8001")               # streaming: one chunk per text piece
 g.start_stream(callback=lambda result, error: print(error or result.as_numpy("waveform").shape))

@@ -22,6 +22,7 @@ from cosycompile import __version__
 from cosycompile.core.hashing import sha256_file
 from cosycompile.errors import UserError
 from cosycompile.exporters.triton.config import ModelConfig
+from cosycompile.runtime.text import DEFAULT_MAX_CHARS
 
 REPOSITORY_JSON = "repository.json"  # Triton skips plain files at the repository's root
 SCHEMA = 1
@@ -36,7 +37,7 @@ class RepoOptions:
 
     instances: int = 1
     threads: int | None = None  # intra-op threads per instance; None: the recipe's validation.speed.threads
-    max_chars: int = 80
+    max_chars: int = DEFAULT_MAX_CHARS
     llm_url: str | None = None  # GPU: call a trtllm-serve at this URL instead of a tensorrt_llm model
 
 
@@ -53,10 +54,13 @@ class Writer:
 
     def bundle_json(self, rel: str) -> dict[str, Any]:
         """A JSON file of the bundle; a one-line error if it cannot be read."""
-        try:
-            return json.loads((self.bundle / rel).read_text())
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{self.bundle / rel}: not readable ({exc.__class__.__name__})") from None
+        from cosycompile.core.bounded_read import read_text
+        from cosycompile.runtime.bundle import MAX_MANIFEST_BYTES
+
+        try:  # a passport or graphs.json is kB, bounded like the manifest beside it
+            return json.loads(read_text(self.bundle / rel, MAX_MANIFEST_BYTES, "a bundle JSON file"))
+        except (OSError, ValueError) as exc:  # BoundError is a ValueError
+            raise UserError(f"{self.bundle / rel}: not readable ({exc})") from None
 
     def sample_rate(self) -> int:
         """The rate of the bundle's audio, from its vocoder graphs' info (the model's config)."""

@@ -1,4 +1,4 @@
-"""The python-backend model of a CPU repository: text in, 24 kHz waveform out, on the bundle's engines.
+"""The python-backend model of a CPU repository: text in, waveform out, on the bundle's engines.
 
 Runs inside Triton's python stub (``triton_python_backend_utils`` exists only there, so it is
 imported in the methods). Synthesis is :mod:`cosycompile.runtime.bundle`'s own code
