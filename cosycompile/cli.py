@@ -15,6 +15,7 @@ import pkgutil
 import signal
 import sys
 import threading
+import traceback
 from types import ModuleType
 from typing import Any, Sequence
 
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"cosycompile {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, print the Python traceback too (for a bug report)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in mods:
         mod.add_parser(sub).set_defaults(run=mod.run)
@@ -64,6 +67,12 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+def one_line(message: str) -> str:
+    """``message`` with control characters (a newline in a file name, say) written as escapes, so an
+    error is always one line."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``cosycompile`` console script."""
     parser = build_parser()
@@ -76,12 +85,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.run(args))
     except UserError as exc:
-        print(f"cosycompile: error: {exc}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        print(f"cosycompile: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         # The reader went away (`cosycompile cache ls | head`): stop quietly, as other Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:
+        if not exc.filename:
+            raise  # not about a path: a bug, shown as one
+        # A path the system refuses (a name too long, a loop of links, no permission, a full
+        # disk): the file and the reason are the whole story.
+        if args.debug:
+            traceback.print_exc()
+        print(f"cosycompile: error: {one_line(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt as exc:
         how, status = ("terminated", 143) if isinstance(exc, Terminated) else ("interrupted", 130)
         print(f"cosycompile: {how}; finished steps stay cached, the running one was discarded", file=sys.stderr)

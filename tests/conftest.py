@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from hostile_harness import CachedBuild
 
 
 @pytest.fixture(scope="session")
@@ -15,6 +19,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "tiny"
     builtin_family("builtin:tiny").hook("init_model")("builtin:tiny", out, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def followup(tmp_path_factory: pytest.TempPathFactory) -> CachedBuild:
+    """A recipe built once per session: hostile cases run in its artifacts dir and build it again after
+    each refusal, which must be all cache hits (see ``hostile_harness.refused``)."""
+    from hostile_harness import cached_build
+
+    return cached_build(tmp_path_factory.mktemp("followup"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -75,6 +75,12 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        if os.path.lexists(self.root) and not self.root.is_dir():
+            from cosycompile.core.bounded_read import kind_of
+
+            # An artifacts dir that is a file, a FIFO or a device would make every read of it fail
+            # in its own way (or, listed as empty, look like a cache with nothing in it).
+            raise UserError(f"--artifacts {self.root}: is {kind_of(os.stat(self.root).st_mode)}, not a folder")
         self.cache_dir = self.root / "cache"
         self.objects = self.cache_dir / "objects"
         self.tmp = self.cache_dir / "tmp"

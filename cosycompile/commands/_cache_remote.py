@@ -16,6 +16,7 @@ from pathlib import Path
 from cosycompile.cache.local import Store
 from cosycompile.cache.remote import RemoteCache, RemoteCorrupt, RemoteError, remote_from
 from cosycompile.errors import UserError
+from cosycompile.runtime.bundle import MANIFEST, read_manifest
 
 _KEY = re.compile(r"[0-9a-f]{64}")
 
@@ -37,13 +38,10 @@ def run(args: argparse.Namespace, store: Store) -> int:
 
 def bundle_keys(bundle: Path) -> dict[str, str]:
     """Step key -> step name for every step ``bundle``'s manifest lists."""
-    path = bundle / "manifest.json"
-    try:
-        steps = json.loads(path.read_text()).get("steps", {})
-    except FileNotFoundError:
-        raise UserError(f"{path}: missing (not a bundle: give a builds/<name>-<key12>/ folder)") from None
-    except (OSError, ValueError, AttributeError) as exc:
-        raise UserError(f"{path}: not a readable bundle manifest ({exc})") from None
+    path = bundle / MANIFEST
+    steps = read_manifest(path).get("steps")
+    if not isinstance(steps, dict):
+        raise UserError(f"{path}: 'steps' must map each step's name to its key")
     keys = {s["key"]: name for name, s in steps.items()
             if isinstance(s, dict) and isinstance(s.get("key"), str) and _KEY.fullmatch(s["key"])}
     if not keys:

@@ -57,8 +57,6 @@ def apply_gate(bundle: Path, baseline: Path | None, minimum: dict, maximum: dict
 
 def run(args: argparse.Namespace) -> int:
     """The ``gate`` command."""
-    import json
-
     from cosycompile.validate.gate import allowance
 
     if args.list_metrics:
@@ -74,7 +72,13 @@ def run(args: argparse.Namespace) -> int:
     recipe_file = (bundle if bundle.is_dir() else bundle.parent) / "recipe.json"
     gate: dict = {}
     if recipe_file.is_file():
-        gate = json.loads(recipe_file.read_text()).get("validation", {}).get("gate", {})
+        from cosycompile.core.bounded_read import read_json
+        from cosycompile.runtime.bundle import MAX_MANIFEST_BYTES
+
+        body = read_json(recipe_file, MAX_MANIFEST_BYTES, "a bundle's recipe")
+        gate = body.get("validation", {}).get("gate", {}) if isinstance(body, dict) else None
+        if not isinstance(gate, dict) or not all(isinstance(gate.get(k, {}), dict) for k in ("min", "max")):
+            raise UserError(f"{recipe_file}: 'validation.gate' is not a gate section")
     # argparse's float takes "nan" and "inf": refused here, before any report is read, whether a flag or
     # the bundle's recipe.json gave the value.
     max_drop = allowance("--max-quality-drop", args.max_quality_drop) if args.max_quality_drop is not None \

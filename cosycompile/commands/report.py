@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from cosycompile.errors import UserError
+
 ORDER = 60
 
 
@@ -23,6 +25,12 @@ def run(args: argparse.Namespace) -> int:
 
     load_report(args.bundle)
     out = render_bundle(args.bundle)
-    print((args.bundle / "report.md").read_text())
+    from cosycompile.core.bounded_read import BoundError, read_text
+    from cosycompile.validate.gate import MAX_REPORT_BYTES
+
+    try:
+        print(read_text(args.bundle / "report.md", MAX_REPORT_BYTES, "a report"))
+    except (BoundError, OSError, ValueError) as exc:
+        raise UserError(f"{args.bundle / 'report.md'}: unreadable ({exc})") from None
     print(f"rendered: {', '.join(str(p) for p in out)}")
     return 0

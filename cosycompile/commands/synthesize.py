@@ -42,8 +42,10 @@ def _read_text(args: argparse.Namespace) -> str:
         where = str(args.text_file)
     else:
         text, where = args.text, "--text"
-    if not text.strip():
-        raise UserError(f"{where}: text is empty or whitespace; nothing to synthesize")
+    from cosycompile.runtime.dataset import speakable
+
+    if not speakable(text):
+        raise UserError(f"{where}: text has no letter or digit in any script; nothing to synthesize")
     return text
 
 
@@ -101,7 +103,10 @@ def run(args: argparse.Namespace) -> int:
     check_out_file(out, "--out", "give the wav file's name")
     bundle: Path = args.bundle
     bundle_parts(bundle)  # layout errors before the text is split or the engines load
-    pieces = split_text(text, args.max_chars)
+    from cosycompile.runtime.dataset import speakable
+
+    # A piece of only punctuation or symbols says nothing and costs a whole LLM and flow call.
+    pieces = [p for p in split_text(text, args.max_chars) if speakable(p)]
 
     from cosycompile.runtime.dataset import read_wav
 

@@ -164,6 +164,12 @@ def read_wav(path: Path) -> tuple[np.ndarray, int]:
     import numpy as np
     import soundfile as sf
 
+    from cosycompile.core.bounded_read import BoundError, require_regular
+
+    try:
+        require_regular(path)  # soundfile would open a FIFO and wait for a writer
+    except (BoundError, OSError) as exc:
+        raise DataError(f"{path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
     try:
         info = sf.info(str(path))
     except Exception as exc:  # soundfile raises several types for bad files

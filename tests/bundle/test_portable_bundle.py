@@ -254,10 +254,11 @@ def test_passport_for_another_gpu_is_refused(build: dict[str, Path], tmp_path: P
     assert "built for sm90" in line and "no NVIDIA GPU" in line and "rebuild with: cosycompile build" in line
 
 
-def test_whitespace_text_is_refused(build: dict[str, Path], tmp_path: Path) -> None:
-    line = one_line_error(run_cli("synthesize", str(build["unpacked"]), "--text", " \n\t ", "--out",
+@pytest.mark.parametrize("text", [" \n\t ", "[" * 5000 + "]" * 5000, "?! ... --"])
+def test_text_with_nothing_to_say_is_refused(build: dict[str, Path], tmp_path: Path, text: str) -> None:
+    line = one_line_error(run_cli("synthesize", str(build["unpacked"]), "--text", text, "--out",
                                    str(tmp_path / "o.wav")))
-    assert "empty or whitespace" in line
+    assert "--text: text has no letter or digit" in line
     assert not (tmp_path / "o.wav").exists()
 
 

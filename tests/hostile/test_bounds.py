@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EVAL_SET, REPO, write_recipe
+from hostile_harness import CachedBuild, refused
 
 ACCEPTANCE_S = 60.0  # issue 37: a silent remote costs a build or a pull less than this
 SILENT_BUCKET = "s3://cc-team/cache"
@@ -108,17 +109,6 @@ def _cli(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 
     return Run(res.returncode, res.stdout, res.stderr, time.perf_counter() - t0)
 
 
-def _one_error_line(run: Run, *expected: str) -> str:
-    """The single ``cosycompile: error:`` line of an exit-2 run, holding every ``expected`` text."""
-    err = run.err.strip()
-    assert run.rc == 2, f"exit {run.rc}\nstdout: {run.out[-1500:]}\nstderr: {err[-1500:]}"
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1 and err.startswith("cosycompile: error: "), err
-    for text in expected:
-        assert text in err, (text, err)
-    return err
-
-
 # -- one small real build, shared ---------------------------------------------------------------------
 @dataclass
 class Built:
@@ -183,14 +173,12 @@ def test_plan_with_a_silent_remote_makes_no_network_call(recipe: Path, tmp_path:
     assert run.seconds < 20, f"{run.seconds:.1f} s"
 
 
-def test_cache_pull_from_a_silent_remote_fails_in_one_line(tmp_path: Path) -> None:
+def test_cache_pull_from_a_silent_remote_fails_in_one_line(tmp_path: Path, followup: CachedBuild) -> None:
     with SilentServer() as server:
-        run = _cli("cache", "pull", KEY, "--artifacts", tmp_path / "art", "--cache-remote", SILENT_BUCKET,
-                   env=_env(server.endpoint), timeout=2 * ACCEPTANCE_S)
-    _one_error_line(run, f"remote cache {SILENT_BUCKET}: pull of {KEY[:12]} failed", "no answer within")
+        refused(["cache", "pull", KEY, "--artifacts", tmp_path / "art", "--cache-remote", SILENT_BUCKET],
+                f"remote cache {SILENT_BUCKET}: pull of {KEY[:12]} failed", "no answer within",
+                cwd=tmp_path, followup=followup, env=_env(server.endpoint), max_seconds=ACCEPTANCE_S)
     assert server.accepted >= 1
-    assert run.seconds < ACCEPTANCE_S, f"{run.seconds:.1f} s"
-    assert not list((tmp_path / "art").glob("cache/objects/*/*"))
 
 
 def test_operation_budget_cuts_a_silent_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,7 +215,7 @@ BAD_URLS = {
 
 @pytest.mark.parametrize("url", list(BAD_URLS))
 @pytest.mark.parametrize("command", ["build", "plan", "cache pull", "cache push"])
-def test_mistyped_remote_url_is_refused(command: str, url: str, tmp_path: Path) -> None:
+def test_mistyped_remote_url_is_refused(command: str, url: str, tmp_path: Path, followup: CachedBuild) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     bundle = tmp_path / "bundle"
@@ -235,17 +223,15 @@ def test_mistyped_remote_url_is_refused(command: str, url: str, tmp_path: Path) 
     (bundle / "manifest.json").write_text('{"steps": {"model": {"key": "%s"}}, "files": {}}' % KEY)
     what = {"build": [REPO / "recipes" / "cpu-fp32.yaml"], "plan": [REPO / "recipes" / "cpu-fp32.yaml"],
             "cache pull": [KEY], "cache push": [bundle]}[command]
-    run = _cli(*command.split(), *what, "--artifacts", tmp_path / "art", "--cache-remote", url,
-               env=_env(_closed_endpoint()), cwd=cwd, timeout=60)
-    _one_error_line(run, f"--cache-remote {url!r}", BAD_URLS[url])
+    refused([*command.split(), *what, "--artifacts", tmp_path / "art", "--cache-remote", url],
+            f"--cache-remote {url!r}", BAD_URLS[url], cwd=cwd, followup=followup, env=_env(_closed_endpoint()))
     assert not list(cwd.iterdir()), "a mistyped URL was opened as a local folder"
-    assert not list((tmp_path / "art").glob("cache/objects/*/*"))
 
 
-def test_mistyped_remote_url_in_the_environment_is_refused(tmp_path: Path) -> None:
+def test_mistyped_remote_url_in_the_environment_is_refused(tmp_path: Path, followup: CachedBuild) -> None:
     env = {**_env(_closed_endpoint()), "COSYCOMPILE_CACHE_REMOTE": "s3:/team/cc"}
-    run = _cli("cache", "pull", KEY, "--artifacts", tmp_path / "art", env=env, cwd=tmp_path, timeout=60)
-    _one_error_line(run, "$COSYCOMPILE_CACHE_REMOTE 's3:/team/cc'", "two slashes")
+    refused(["cache", "pull", KEY, "--artifacts", tmp_path / "art"], "$COSYCOMPILE_CACHE_REMOTE 's3:/team/cc'",
+            "two slashes", cwd=tmp_path, followup=followup, env=env)
     assert not (tmp_path / "s3:").exists()
 
 
@@ -291,7 +277,7 @@ def _synthesize(built: Built, out: Path) -> Run:
     ("link-to-fifo", "is a symbolic link"), ("bundle-manifest", "inside the bundle"), ("cache-file", "inside the cache"),
 ])
 def test_synthesize_out_refuses_what_it_must_not_replace(built: Built, tmp_path: Path, target: str,
-                                                         expected: str) -> None:
+                                                         expected: str, followup: CachedBuild) -> None:
     if target == "fifo":
         out = _fifo(tmp_path)
     elif target == "device":
@@ -307,8 +293,8 @@ def test_synthesize_out_refuses_what_it_must_not_replace(built: Built, tmp_path:
     else:
         out = next(built.art.glob("cache/objects/*/*/entry.json"))
     before = _fingerprint(out)
-    run = _synthesize(built, out)
-    _one_error_line(run, f"--out {out}", expected)
+    refused(["synthesize", built.bundle, "--text", "Hello.", "--out", out], f"--out {out}", expected,
+            cwd=tmp_path, followup=followup)
     assert _fingerprint(out) == before, "the target changed"
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "a temporary file was left"
 
@@ -325,7 +311,8 @@ def test_synthesize_out_replaces_a_plain_file_atomically(built: Built, tmp_path:
 
 @pytest.mark.parametrize("target,expected", [("fifo", "is a FIFO"), ("device", "is a character device"),
                                              ("cache", "inside the cache"), ("other-bundle", "inside the bundle")])
-def test_pack_out_refuses_what_it_must_not_replace(built: Built, tmp_path: Path, target: str, expected: str) -> None:
+def test_pack_out_refuses_what_it_must_not_replace(built: Built, tmp_path: Path, target: str, expected: str,
+                                                   followup: CachedBuild) -> None:
     if target == "fifo":
         out = _fifo(tmp_path)
     elif target == "device":
@@ -339,16 +326,15 @@ def test_pack_out_refuses_what_it_must_not_replace(built: Built, tmp_path: Path,
         shutil.copytree(built.bundle, other)
         out = other / "engines" / "x.tar.gz"
     before = _fingerprint(out) if os.path.lexists(out) else None
-    run = _cli("pack", built.bundle, "-o", out, timeout=120)
-    _one_error_line(run, f"-o {out}", expected)
+    refused(["pack", built.bundle, "-o", out], f"-o {out}", expected, cwd=tmp_path, followup=followup)
     assert (_fingerprint(out) if os.path.lexists(out) else None) == before
 
 
 @pytest.mark.parametrize("command", ["triton", "init-model"])
-def test_output_folders_inside_the_cache_or_a_bundle_are_refused(built: Built, tmp_path: Path, command: str) -> None:
+def test_output_folders_inside_the_cache_or_a_bundle_are_refused(built: Built, tmp_path: Path, command: str,
+                                                                 followup: CachedBuild) -> None:
     for out, expected in ((built.art / "cache" / "objects" / "repo", "inside the cache"),
                           (built.bundle / "engines" / "repo", "inside the bundle")):
         args = ["triton", built.bundle] if command == "triton" else ["init-model", "builtin:tiny"]
-        run = _cli(*args, "--out", out, timeout=120)
-        _one_error_line(run, f"--out {out}", expected)
+        refused([*args, "--out", out], f"--out {out}", expected, cwd=tmp_path, followup=followup)
         assert not out.exists()

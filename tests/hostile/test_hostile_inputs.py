@@ -1,14 +1,13 @@
-"""Hostile input: each case is refused with one line naming the file (and key or line), exit 2,
-no cache entry, in bounded time and memory, and nothing it asks for happens (no code runs, no file
-outside the data set is read)."""
+"""Hostile input: each case is refused as ``hostile_harness.refused`` checks (one line naming the
+file and key or line, exit 2, bounded time and memory, nothing written that a build trusts, a
+follow-up build still works), and nothing it asks for happens (no code runs, no file outside the
+data set is read)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -17,9 +16,8 @@ import numpy as np
 import pytest
 
 from helpers import EVAL_SET, REPO, copy_model
+from hostile_harness import MAX_SECONDS, CachedBuild, refused
 
-MAX_SECONDS = 20.0  # generous for a loaded 2-core machine; the bomb used to run > 20 s at 820 MB
-MAX_RSS_MB = 1500  # the CLI with torch imported stays well under this; the 2,000-char text took 7.6 GB
 
 Case = Callable[[Path, Path], tuple[list[str], list[str]]]
 CASES: dict[str, Case] = {}
@@ -126,6 +124,13 @@ def _extends_fifo(tmp, model):
     p = tmp / "ext.yaml"
     p.write_text(f"extends: {tmp / 'pipe.yaml'}\nname: e\n")
     return ["build", str(p)], ["pipe.yaml", "FIFO"]
+
+
+@case("text-file-dev-zero")
+def _text_zero(tmp, model):
+    # refused by type before it is opened (stat says 0 bytes; reading never ends)
+    return ["synthesize", str(tmp / "bundle"), "--text-file", "/dev/zero", "--out", str(tmp / "o.wav")], \
+        ["/dev/zero: is a character device, not a regular file"]
 
 
 @case("eval-manifest-is-a-fifo")
@@ -373,35 +378,11 @@ def _cfg_bomb(tmp, model):
     return ["build", str(_recipe(tmp, model=model))], ["cosyvoice2.yaml", "expands to more than"]
 
 
-def _run_bounded(args: list[str], cwd: Path) -> tuple[int, str, float, float]:
-    """(exit status, stderr, wall seconds, peak RSS MB) of the real CLI in a subprocess."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cosycompile", *args], cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        err = proc.stderr.read() if proc.stderr else ""
-        _, status, usage = os.wait4(proc.pid, 0)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, time.perf_counter() - t0, usage.ru_maxrss / 1024
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_hostile_input(name: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_hostile_input(name: str, tmp_path: Path, tiny_model_dir: Path, followup: CachedBuild) -> None:
     model = copy_model(tiny_model_dir, tmp_path / "model")
     args, expected = CASES[name](tmp_path, model)
-    art = tmp_path / "art"
-    rc, err, seconds, rss_mb = _run_bounded(args + ["--artifacts", str(art)], tmp_path)
-    err = err.strip()
-    assert rc == 2, f"exit {rc}\n{err[-2000:]}"
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1 and err.startswith("cosycompile: error: "), err
-    for s in expected:
-        assert s in err, (s, err)
-    assert seconds < MAX_SECONDS and rss_mb < MAX_RSS_MB, (seconds, rss_mb)
-    assert not list(art.glob("cache/objects/*/*/entry.json")), "a hostile input left a cache entry"
+    refused(args, *expected, cwd=tmp_path, followup=followup)
     assert not (tmp_path / "pwned").exists(), "input code ran"
 
 
@@ -424,15 +405,6 @@ def test_long_text_is_split_into_bounded_items(tmp_path: Path) -> None:
     assert all(i.text.endswith(".") for i in items[:-1])  # cut at sentence ends
     short = load_dataset(EVAL_SET).items  # the shipped sets are under the bound: unchanged
     assert all(text_weight(i.text) <= MAX_ITEM_WEIGHT and ".part" not in i.id for i in short)
-
-
-def test_text_file_that_never_ends_is_refused(tmp_path: Path) -> None:
-    """``--text-file /dev/zero``: refused by type before it is opened, in one line."""
-    res = subprocess.run([sys.executable, "-m", "cosycompile", "synthesize", str(tmp_path / "bundle"), "--text-file",
-                          "/dev/zero", "--out", str(tmp_path / "o.wav")], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert res.stderr.strip() == "cosycompile: error: /dev/zero: is a character device, not a regular file"
-    assert not (tmp_path / "o.wav").exists()
 
 
 def test_a_megabyte_without_a_sentence_end_splits_within_the_bound() -> None:

@@ -1,0 +1,39 @@
+"""The hostile harness can fail: each of its checks catches what it is there to catch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hostile_harness import CachedBuild, refused, store_state, tree_state
+
+
+def test_a_command_that_succeeds_is_not_a_refusal(tmp_path: Path, followup: CachedBuild) -> None:
+    with pytest.raises(AssertionError, match="exit 0"):
+        refused(["recipe", "--options"], cwd=tmp_path, followup=followup)
+
+
+def test_a_refusal_without_the_expected_text_fails(tmp_path: Path, followup: CachedBuild) -> None:
+    with pytest.raises(AssertionError, match="not-in-the-line"):
+        refused(["build", tmp_path / "absent.yaml"], "not-in-the-line", cwd=tmp_path, followup=followup)
+
+
+def test_a_file_rewritten_in_place_is_seen(tmp_path: Path) -> None:
+    f = tmp_path / "recipe.yaml"
+    f.write_text("name: a\n")
+    before = tree_state(tmp_path)
+    os.utime(f, ns=(1, 1))  # same size, times changed back: the change time still moves
+    with f.open("r+") as h:
+        h.write("name: b\n")
+    assert tree_state(tmp_path) != before
+
+
+def test_a_new_cache_entry_or_staging_dir_is_seen(tmp_path: Path) -> None:
+    before = store_state(tmp_path)
+    (tmp_path / "cache" / "objects" / "ab" / "ab12").mkdir(parents=True)
+    (tmp_path / "cache" / "objects" / "ab" / "ab12" / "entry.json").write_text("{}")
+    middle = store_state(tmp_path)
+    (tmp_path / "cache" / "tmp" / "step-1").mkdir(parents=True)
+    assert before != middle != store_state(tmp_path)
