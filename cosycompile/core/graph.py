@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
+from cosycompile.core.finite import check_finite_outputs
 from cosycompile.core.store import ArtifactStore, Entry
 from cosycompile.core.hashing import digest_files, digest_obj, tool_identities
 
@@ -471,6 +472,7 @@ class Executor:
                             cache_dir=self.store.cache_dir / "shared",
                         )
                         meta = s.run(ctx) or {}
+                        check_finite_outputs(s.name, ctx.out)
                         dt = time.perf_counter() - t0
                         entry = self.store.commit(key, stage, {
                             "step": s.name, "components": comps, "meta": meta, "seconds": dt,
