@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cosycompile.cache.local import ENTRY_FILE, CorruptEntry, Store, read_entry
+from cosycompile.cache.remote import RemoteCache, RemoteCorrupt
+from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES, read_text
 from cosycompile.errors import UserError
 
+# A push uploads its blobs before its action entry: a blob younger than this may belong to a push
+# under way, so remote gc keeps it even when no entry names it yet.
+BLOB_GRACE_S = 6 * 3600
 _UNITS = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -52,15 +57,23 @@ def parse_age(text: str) -> float:
     return float(m.group(1)) * _AGE_UNITS[m.group(2)]
 
 
+def bundle_step_keys(manifest: Path) -> set[str]:
+    """The step keys a bundle's ``manifest.json`` names; none for an unreadable one (it pins nothing:
+    it cannot be used anyway). Read bounded, as a regular file."""
+    try:
+        steps = json.loads(read_text(manifest, MAX_MANIFEST_BYTES, "a bundle manifest")).get("steps", {})
+    except (OSError, ValueError, RecursionError, AttributeError):  # BoundError is a ValueError
+        return set()
+    if not isinstance(steps, dict):
+        return set()
+    return {s["key"] for s in steps.values() if isinstance(s, dict) and isinstance(s.get("key"), str)}
+
+
 def pinned_keys(store: Store) -> set[str]:
     """Keys of every entry a bundle under ``<artifacts>/builds`` was made from."""
     keys: set[str] = set()
     for manifest in (store.root / "builds").glob("*/manifest.json"):
-        try:
-            steps = json.loads(manifest.read_text()).get("steps", {})
-        except (OSError, ValueError):
-            continue  # an unreadable bundle pins nothing; it cannot be used anyway
-        keys.update(s["key"] for s in steps.values() if isinstance(s, dict) and isinstance(s.get("key"), str))
+        keys |= bundle_step_keys(manifest)
     return keys
 
 
@@ -125,3 +138,59 @@ def _clean_staging(store: Store) -> int:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
     return n
+
+
+@dataclass
+class RemoteGCResult:
+    """What a remote collection removed and kept."""
+
+    removed_entries: list[str] = field(default_factory=list)
+    removed_blobs: int = 0
+    removed_bytes: int = 0
+    kept_entries: int = 0
+    pinned: int = 0
+    young_blobs: int = 0  # unreferenced, but within BLOB_GRACE_S: maybe a push under way
+
+
+def collect_remote(remote: RemoteCache, older_than: float, pins: set[str], dry_run: bool = False,
+                   now: float | None = None) -> RemoteGCResult:
+    """The retention rule of a shared remote: action entries published more than ``older_than``
+    seconds ago are removed unless ``pins`` (the step keys of bundles to keep) names them; then
+    every blob that no remaining entry names and that is older than :data:`BLOB_GRACE_S`.
+
+    Entries go first, so no remaining entry ever names a removed blob. A remote has no cheap
+    "last used" time (a pull is a read), so age is time since publication: a step still in use is
+    built and pushed again by the next build that misses it.
+    """
+    now = time.time() if now is None else now
+    res = RemoteGCResult()
+    for key, (_, published) in sorted(remote.listing("ac").items()):
+        if key in pins:
+            res.pinned += 1
+        elif now - published > older_than:
+            if not dry_run:
+                remote.remove("ac", key)
+            res.removed_entries.append(key)
+            continue
+        res.kept_entries += 1
+    needed: set[str] = set()
+    for key in remote.listing("ac"):
+        if dry_run and key in res.removed_entries:
+            continue
+        try:
+            body = remote.read_entry(key)
+        except RemoteCorrupt:
+            continue  # a pull refuses it anyway; its blobs are not needed by it
+        if body is not None:
+            needed.update(sha for _, sha in body["files"].values())
+    for sha, (size, modified) in sorted(remote.listing("cas").items()):
+        if sha in needed:
+            continue
+        if now - modified <= BLOB_GRACE_S:
+            res.young_blobs += 1
+            continue
+        if not dry_run:
+            remote.remove("cas", sha)
+        res.removed_blobs += 1
+        res.removed_bytes += size
+    return res

@@ -344,6 +344,33 @@ class RemoteCache:
             raise
         return True
 
+    # -- listing and removal (cache gc) --------------------------------------------------
+    def listing(self, kind: str) -> dict[str, tuple[int, float]]:
+        """Every object under ``ac/`` (named by key) or ``cas/`` (by sha256): name -> (bytes, last
+        modified, seconds since the epoch). Other names (a local push's temporaries) are skipped."""
+        assert kind in ("ac", "cas")
+        with self._operation():
+            try:
+                found = self._call(self.fs.find, f"{self._open()[1]}/{kind}", detail=True)
+            except FileNotFoundError:
+                return {}
+        out: dict[str, tuple[int, float]] = {}
+        for path, info in found.items():
+            name = PurePosixPath(path).name
+            name = name[:-5] if kind == "ac" and name.endswith(".json") else name
+            if _SHA.fullmatch(name):
+                out[name] = (int(info.get("size") or 0), _modified(info))
+        return out
+
+    def remove(self, kind: str, name: str) -> None:
+        """Delete the action entry of key ``name`` (``kind`` "ac") or the blob ``name`` ("cas")."""
+        path = self._ac(name) if kind == "ac" else self._cas(name)
+        with self._operation():
+            try:
+                self._call(self.fs.rm_file, path)
+            except FileNotFoundError:
+                pass  # another collector was first
+
     # -- deadlines -----------------------------------------------------------------------
     @contextmanager
     def _operation(self, nbytes: int = 0) -> Iterator[None]:
@@ -394,6 +421,14 @@ class RemoteCache:
             if _already_exists(exc):
                 raise
             raise RemoteError(_describe(exc)) from exc
+
+
+def _modified(info: dict[str, Any]) -> float:
+    """An fsspec listing's last-modified time as epoch seconds (local: ``mtime``; S3: ``LastModified``)."""
+    value = info.get("LastModified", info.get("mtime", info.get("created")))
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def _check_entry(key: str, body: Any) -> None:

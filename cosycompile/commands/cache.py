@@ -34,6 +34,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     gc.add_argument("--max-size", metavar="SIZE", help="largest total size to keep, e.g. 20G, 500M")
     gc.add_argument("--older-than", metavar="AGE", help="remove entries unused for longer than this, e.g. 30d, 12h")
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
+    # Not add_remote: deleting from a shared cache is asked for by name, never by $COSYCOMPILE_CACHE_REMOTE.
+    gc.add_argument("--cache-remote", metavar="URL",
+                    help="collect this remote cache instead of the local one, by --older-than (time since each "
+                         "entry was pushed); entries of bundles under builds/ and of --keep bundles stay, then "
+                         "blobs no entry names are removed (not taken from $COSYCOMPILE_CACHE_REMOTE)")
+    gc.add_argument("--keep", metavar="BUNDLE", type=Path, action="append", default=[],
+                    help="with --cache-remote: a bundle whose entries stay on the remote (repeatable)")
     add_common(gc)
     push = csub.add_parser("push", help="upload a bundle's cache entries to the remote cache",
                            description="Push every cache entry BUNDLE was built from (its manifest's steps) to the "
@@ -81,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_command == "gc":
         from cosycompile.cache.gc import collect, parse_age, parse_size
 
+        if args.cache_remote is not None:
+            return _gc_remote(args, store)
+        if args.keep:
+            raise UserError("cache gc: --keep is for --cache-remote (the local cache keeps every bundle under builds/)")
         if args.max_size is None and args.older_than is None:
             raise UserError("cache gc: give --max-size SIZE and/or --older-than AGE (nothing to decide by otherwise)")
         res = collect(store, parse_size(args.max_size) if args.max_size else None,
@@ -95,3 +106,28 @@ def run(args: argparse.Namespace) -> int:
 
         return _cache_remote.run(args, store)
     return 2
+
+
+def _gc_remote(args: argparse.Namespace, store: Any) -> int:
+    """``cache gc --cache-remote URL --older-than AGE [--keep BUNDLE]...``."""
+    from cosycompile.cache.gc import bundle_step_keys, collect_remote, parse_age, pinned_keys
+    from cosycompile.cache.remote import RemoteCache, RemoteError
+    from cosycompile.runtime.bundle import MANIFEST, read_manifest
+
+    if args.older_than is None or args.max_size is not None:
+        raise UserError("cache gc --cache-remote: give --older-than AGE (a remote is collected by age; "
+                        "--max-size is for the local cache)")
+    remote = RemoteCache(args.cache_remote, where="--cache-remote")
+    pins = pinned_keys(store)
+    for bundle in args.keep:
+        read_manifest(bundle / MANIFEST)  # a --keep that is not a bundle is an error, not an empty pin
+        pins |= bundle_step_keys(bundle / MANIFEST)
+    try:
+        res = collect_remote(remote, parse_age(args.older_than), pins, dry_run=args.dry_run)
+    except RemoteError as exc:
+        raise UserError(f"remote cache {remote.url}: gc failed ({exc})") from None
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {len(res.removed_entries)} entries and {res.removed_blobs} blobs ({res.removed_bytes / 1e6:.1f} MB) "
+          f"from {remote.url}; kept {res.kept_entries} entries ({res.pinned} needed by kept bundles)"
+          + (f"; {res.young_blobs} unnamed blobs younger than the push grace kept" if res.young_blobs else ""))
+    return 0

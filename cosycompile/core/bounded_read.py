@@ -13,6 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest (of a bundle, a data set) or a bundle's JSON file: kB in practice
+
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 

@@ -9,10 +9,10 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
+from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES
 from cosycompile.errors import UserError
 
 MANIFEST = "manifest.json"
-MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists a few hundred files: kB
 FRONTEND_DIR = "frontend"  # fixed, never read from the manifest: an archive's manifest is not trusted with paths
 
 

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # numpy is imported where arrays are made: planning a cached build needs none
     import numpy as np
 
+from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES
 from cosycompile.errors import DataError
 from cosycompile.runtime.text import split_text, text_weight
 
 MANIFEST = "manifest.jsonl"
 _REQUIRED = ("id", "text")
 _OPTIONAL = ("lang", "prompt_text", "prompt_wav")
-MAX_MANIFEST_BYTES = 16 << 20
 # Ids name files (``audio/<id>.built.wav``): no separators, no leading dot.
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # A text longer than this (English-character equivalents) is synthesized as several items, split
