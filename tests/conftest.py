@@ -1,4 +1,5 @@
-"""Shared fixtures (a built-in tiny model dir written once per session) and the ``model05b`` rule."""
+"""Shared fixtures (a built-in tiny model dir, a cached build written once per session) and the
+opt-in markers' rule."""
 
 from __future__ import annotations
 
@@ -30,12 +31,17 @@ def followup(tmp_path_factory: pytest.TempPathFactory) -> CachedBuild:
     return cached_build(tmp_path_factory.mktemp("followup"))
 
 
+# Opt-in markers: their tests run only when the ``-m`` expression names them. ``model05b``: a
+# 0.5B-shaped model (GBs of weights, minutes; ``make bench``). ``vllm``: a real vLLM in its own venv
+# (``make test-vllm``, which CI runs after ``make test``).
+OPT_IN = ("model05b", "vllm")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``model05b`` (a 0.5B-shaped model: GBs of weights, minutes) run only when the
-    ``-m`` expression names the marker, as ``make bench`` does; ``make test`` and CI leave them out."""
-    if "model05b" in (config.getoption("markexpr") or ""):
-        return
-    left_out = [item for item in items if item.get_closest_marker("model05b") is not None]
+    """Leave out the tests of each opt-in marker the ``-m`` expression does not name."""
+    named = config.getoption("markexpr") or ""
+    skipped = [m for m in OPT_IN if m not in named]
+    left_out = [item for item in items if any(item.get_closest_marker(m) is not None for m in skipped)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
-        items[:] = [item for item in items if item.get_closest_marker("model05b") is None]
+        items[:] = [item for item in items if item not in left_out]

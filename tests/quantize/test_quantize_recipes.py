@@ -56,7 +56,7 @@ def test_gpu_recipe_checkpoints_carry_quantization(name: str, gpu_builds: dict) 
     assert (llm / "trtllm" / "rank0.safetensors").is_file()
     # The HF checkpoint is the vocabulary-merge rewrite (stages/llm/hf_rewrite.py), lm_head unquantized.
     assert hf["vocab_size"] % 128 == 0 and "lm_head" in hf["quantization_config"]["ignore"]
-    assert (llm / "hf" / "cosycompile_llm.json").is_file() and (llm / "hf" / "prefix_embeddings.safetensors").is_file()
+    assert (llm / "hf" / "cosycompile_llm.json").is_file() and (llm / "hf" / "prefix" / "prefix_embeddings.safetensors").is_file()
 
 
 @pytest.mark.parametrize("name", list(GPU_RECIPES))

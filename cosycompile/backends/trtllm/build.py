@@ -121,8 +121,11 @@ def _build_legacy(src: Path, hf: Path, options: Options, precision: str, out: Pa
                              f"stages.llm.quantize.exports (or use TensorRT-LLM >= 1.3, or {LEGACY_CONTAINER})")
         shutil.copytree(quantized, ckpt, copy_function=link_or_copy)
         dtype = json.loads((ckpt / "config.json").read_text()).get("dtype", dtype)
-    for name in ("cosycompile_llm.json", "prefix_embeddings.safetensors"):
+    from cosycompile.stages.llm.hf_rewrite import PREFIX_FILE, TOKEN_MAP_FILE
+
+    for name in (TOKEN_MAP_FILE, PREFIX_FILE):
         if (hf / name).is_file():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
             link_or_copy(hf / name, out / name)
     argv = build_command(options, ckpt, out / LEGACY_ENGINE, dtype)
     run_tool(argv, env=_env())

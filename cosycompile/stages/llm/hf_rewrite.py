@@ -33,13 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from cosycompile.core.graph import StepContext
+from cosycompile.stages.llm import vllm_model
 from cosycompile.errors import ModelError
 
 CHECKPOINT_DIR = "hf"  # where export and quantize steps put the rewrite inside their output
 MODELING_FILE = "modeling_cosyvoice_lm.py"
+VLLM_PLUGIN_DIR = "vllm_plugin"
 MODEL_CLASS = "CosyVoiceLMForCausalLM"
 TOKEN_MAP_FILE = "cosycompile_llm.json"
-PREFIX_FILE = "prefix_embeddings.safetensors"
+# In a folder of its own: servers load every *.safetensors at the top of a checkpoint dir as weights
+# (vLLM refused the dir: "no module or parameter named 'sos'").
+PREFIX_FILE = "prefix/prefix_embeddings.safetensors"
 PAD_MULTIPLE = 128
 DTYPES = ("float32", "bfloat16")
 CHAT_TEMPLATE = ("{%- for message in messages %}{%- if message['role'] == 'user' %}"
@@ -225,7 +229,9 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
     generation_config(tmap, cfg).save_pretrained(str(out))
     shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), out / MODELING_FILE)
+    write_vllm_plugin(out / VLLM_PLUGIN_DIR)
     emb = _rows(lm, tmap)["embedding"].detach().float()
+    (out / PREFIX_FILE).parent.mkdir(parents=True, exist_ok=True)
     save_file({"sos": emb[tmap.sos].clone().contiguous(), "task_id": emb[tmap.task_id].clone().contiguous()},
               str(out / PREFIX_FILE))
     if tokenizer is not None:
@@ -235,16 +241,19 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
         "format": f"{tmap.family}-hf-rewrite",
         "token_map": tmap.as_json(),
         "prompt": "[sos | prompt text + text | task_id | prompt speech] as ids (prompt_ids); "
-                  "or inputs_embeds with prefix_embeddings.safetensors (sos, task_id rows)",
+                  f"or inputs_embeds with {PREFIX_FILE} (sos, task_id rows)",
         "decoding": {"min_tokens": "floor(min_token_text_ratio x text tokens, prompt text excluded): mask eos_id "
                                    "until then", "max_tokens": "floor(max_token_text_ratio x text tokens)",
                      "stop": "any of stop_ids"},
         "dtype": dtype,
         "quantization": quantization,
         "lm_head_bias": ("in model.safetensors (lm_head.bias: speech bias, -inf elsewhere); applied by "
-                         f"{MODELING_FILE} (trust_remote_code=True). Stock Qwen2ForCausalLM loaders (transformers "
-                         "without remote code, TensorRT-LLM's PyTorch backend, vLLM, SGLang) drop it: their logits "
-                         "lack llm_decoder's bias and text ids score 0 instead of -inf"),
+                         f"{MODELING_FILE} (trust_remote_code=True) and, in vLLM, by the {VLLM_PLUGIN_DIR}/ package. "
+                         "Stock Qwen2ForCausalLM loaders (transformers without remote code, TensorRT-LLM's PyTorch "
+                         "backend, vLLM without the plug-in, SGLang) drop it: their logits lack llm_decoder's bias "
+                         "and text ids score 0 instead of -inf"),
+        "vllm": {"install": f"pip install ./{VLLM_PLUGIN_DIR}",
+                 "load": {"hf_overrides": {"architectures": [vllm_model.ARCHITECTURE]}}},
         "tokenizer": f"saved (speech tokens {names[0]}..{names[tmap.speech_token_size - 1]}, then "
                      f"{', '.join(names[tmap.speech_token_size:tmap.speech_token_size + 5])}"
                      f"{', ...' if tmap.rows > tmap.speech_token_size + 5 else ''})" if tokenizer is not None
@@ -252,6 +261,29 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
     }
     (out / TOKEN_MAP_FILE).write_text(json.dumps(body, indent=1, sort_keys=True))
     return {"token_map": tmap.as_json(), "dtype": dtype, "quantization": quantization}
+
+
+def write_vllm_plugin(dest: Path) -> None:
+    """The installable vLLM plug-in (:mod:`.vllm_model` as module ``cosyvoice_vllm``, registered under
+    vLLM's ``vllm.general_plugins`` entry point) in folder ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vllm_model.__file__, dest / f"{vllm_model.MODULE}.py")
+    (dest / "pyproject.toml").write_text(f"""[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "cosyvoice-vllm"
+version = "1.0"
+description = "vLLM model class for cosycompile's CosyVoice LM checkpoints (Qwen2 with an lm_head bias)"
+requires-python = ">=3.9"
+
+[project.entry-points."vllm.general_plugins"]
+cosyvoice_lm = "{vllm_model.MODULE}:register"
+
+[tool.setuptools]
+py-modules = ["{vllm_model.MODULE}"]
+""")
 
 
 def _save_tokenizer(tokenizer: Any, tmap: TokenMap, out: Path) -> None:

@@ -1,0 +1,69 @@
+"""The vLLM model class of the HF rewrite: vLLM's own Qwen2 with a bias on ``lm_head``.
+
+vLLM (0.32, ``vllm/model_executor/models/qwen2.py``) builds ``ParallelLMHead(vocab, hidden)`` without
+a bias, and its weight loader skips the checkpoint's ``lm_head.bias``: loaded as the stock
+``Qwen2ForCausalLM`` that ``config.json`` names, the rewrite gives logits without
+``llm_decoder``'s bias and 0 instead of ``-inf`` on every text id, with no warning. This class keeps
+everything of vLLM's Qwen2 (paged attention, batching, quantized linears) and only builds the head
+with ``bias=True`` (``ParallelLMHead`` registers and loads it) and passes it to the logits processor
+(``LogitsProcessor.forward(lm_head, hidden_states, embedding_bias)``), as upstream CosyVoice's vLLM
+path does with its own architecture.
+
+This file is copied verbatim into every rewrite dir as ``vllm_plugin/cosyvoice_vllm.py``, beside a
+``pyproject.toml`` that registers :func:`register` under vLLM's ``vllm.general_plugins`` entry point:
+``pip install <dir>/vllm_plugin`` in the serving environment, then load the dir with
+``hf_overrides={"architectures": ["CosyVoiceLMForCausalLM"]}``. It imports nothing from cosycompile
+and nothing of vLLM until vLLM asks for the class, so it also imports where vLLM is not installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ARCHITECTURE = "CosyVoiceLMForCausalLM"
+MODULE = "cosyvoice_vllm"  # the module's name once installed from the rewrite dir
+_built: dict[str, Any] = {}
+
+
+def register() -> None:
+    """vLLM's plugin hook: make :data:`ARCHITECTURE` loadable (lazily, by module path)."""
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, f"{MODULE}:{ARCHITECTURE}")
+
+
+def _model_class() -> type:
+    from vllm.distributed import get_pp_group
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+    from vllm.model_executor.models.utils import maybe_prefix
+
+    class CosyVoiceLMForCausalLM(Qwen2ForCausalLM):
+        """vLLM's Qwen2ForCausalLM whose ``lm_head`` has a bias, applied to every logit."""
+
+        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+            if get_pp_group().is_last_rank:
+                config = self.config
+                if config.tie_word_embeddings:
+                    raise ValueError(f"{ARCHITECTURE}: the rewrite's lm_head is untied (tie_word_embeddings false)")
+                self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, bias=True,
+                                              quant_config=vllm_config.quant_config,
+                                              prefix=maybe_prefix(prefix, "lm_head"))
+
+        def compute_logits(self, hidden_states: Any) -> Any:
+            return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)
+
+    CosyVoiceLMForCausalLM.__module__ = __name__
+    return CosyVoiceLMForCausalLM
+
+
+def __getattr__(name: str) -> Any:
+    # The class subclasses vLLM's, so it is built on first access (vLLM's registry does
+    # ``getattr(module, "CosyVoiceLMForCausalLM")``), never at import.
+    if name != ARCHITECTURE:
+        raise AttributeError(name)
+    if name not in _built:
+        _built[name] = _model_class()
+    return _built[name]
