@@ -67,6 +67,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     src.add_argument("--text-file", type=Path, metavar="FILE", help="UTF-8 file with the text to say")
     p.add_argument("--prompt-wav", type=Path, metavar="WAV", help="zero-shot prompt audio (the voice to imitate)")
     p.add_argument("--prompt-text", metavar="TEXT", help="what the prompt audio says (needs --prompt-wav)")
+    p.add_argument("--speaker", metavar="NAME", help="a voice cached in the bundle by `cosycompile speakers add` "
+                                                     "(instead of --prompt-wav and --prompt-text)")
     p.add_argument("--seed", type=int, default=None, help="sampling and vocoder seed of the first piece; piece k "
                                                           "uses SEED+k (default: the recipe's sampling seed)")
     p.add_argument("--sampling", choices=("greedy", "ras"), default=None,
@@ -93,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-tokens {args.max_tokens}: needs 0 (no cap) or more")
     if args.max_chars < 10:
         raise UserError(f"--max-chars {args.max_chars}: too short to hold a phrase (at least 10)")
+    if args.speaker is not None and (args.prompt_wav is not None or args.prompt_text is not None):
+        raise UserError("--speaker replaces --prompt-wav and --prompt-text (the speaker is a cached prompt)")
     if args.prompt_text is not None and args.prompt_wav is None:
         raise UserError("--prompt-text needs --prompt-wav (the prompt's text is what its audio says)")
     if args.prompt_text is not None:
@@ -102,7 +106,12 @@ def run(args: argparse.Namespace) -> int:
     out: Path = args.out
     check_out_file(out, "--out", "give the wav file's name")
     bundle: Path = args.bundle
-    bundle_parts(bundle)  # layout errors before the text is split or the engines load
+    manifest, _ = bundle_parts(bundle)  # layout errors before the text is split or the engines load
+    speaker = None
+    if args.speaker is not None:
+        from cosycompile.runtime.speakers import load_speaker
+
+        speaker = load_speaker(bundle, manifest, args.speaker)
     from cosycompile.runtime.dataset import speakable
 
     # A piece of only punctuation or symbols says nothing and costs a whole LLM and flow call.
@@ -114,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_bundle(bundle, args.threads)
     sampling = recipe_sampling(loaded.recipe, args.sampling, args.seed, args.max_tokens)
     frontend = loaded.frontend
-    if prompt_wav is not None:
+    if speaker is not None:
+        prompt = frontend.prompt_from_features(speaker.features, speaker.prompt_text, text)
+    elif prompt_wav is not None:
         prompt = frontend.prompt(prompt_wav[0], prompt_wav[1], args.prompt_text or "", text)
     else:
         prompt = frontend.no_prompt(text)

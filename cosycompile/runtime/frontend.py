@@ -142,18 +142,29 @@ class Frontend:
             empty.text_ids = self.text_ids(instruction)
         return empty
 
-    def prompt(self, wav: np.ndarray, sr: int, prompt_text: str, text: str = "") -> Prompt:
-        """Prompt features with the mel trimmed to exactly 2 frames per prompt token, as CosyVoice2 does;
-        the prompt text gets the family's instruction unless it or ``text`` (what is to be said) holds
-        the family's marker (:meth:`instructed`)."""
-        text = self.instructed(prompt_text, text)
+    def prompt_features(self, wav: np.ndarray, sr: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(speech tokens, mel, speaker embedding) of prompt audio: the costly part of a prompt (two ONNX
+        models and a mel), what a bundle's speaker cache keeps. The mel is trimmed to exactly 2 frames
+        per kept prompt token, as CosyVoice2 does."""
         wav16k = resample(wav, sr, PROMPT_SR) if sr != PROMPT_SR else wav
         tokens = self.speech_tokens(wav16k)
         mel = mel_spectrogram(resample(wav16k, PROMPT_SR, SAMPLE_RATE), SAMPLE_RATE)
         n = min(mel.shape[1] // 2, len(tokens))
+        return tokens[:n], np.ascontiguousarray(mel[:, : 2 * n].astype(np.float32)), self.speaker_embedding(wav16k)
+
+    def prompt(self, wav: np.ndarray, sr: int, prompt_text: str, text: str = "") -> Prompt:
+        """Prompt features of prompt audio and its text (see :meth:`prompt_from_features`)."""
+        return self.prompt_from_features(self.prompt_features(wav, sr), prompt_text, text)
+
+    def prompt_from_features(self, features: tuple[np.ndarray, np.ndarray, np.ndarray], prompt_text: str,
+                             text: str = "") -> Prompt:
+        """A prompt from :meth:`prompt_features` (computed now or read from a speaker cache) and the
+        prompt's text, which gets the family's instruction unless it or ``text`` (what is to be said)
+        holds the family's marker (:meth:`instructed`)."""
+        text = self.instructed(prompt_text, text)
+        tokens, mel, embedding = features
         # No prompt text (or only whitespace, which carries none) is a prompt without text ids, not an error.
-        return Prompt(self.text_ids(text) if text.strip() else np.zeros(0, np.int64), tokens[:n],
-                      np.ascontiguousarray(mel[:, : 2 * n].astype(np.float32)), self.speaker_embedding(wav16k))
+        return Prompt(self.text_ids(text) if text.strip() else np.zeros(0, np.int64), tokens, mel, embedding)
 
     def item_inputs(self, item: Item) -> tuple[np.ndarray, Prompt]:
         """(text ids, prompt) of an eval/calibration item."""

@@ -15,12 +15,14 @@ from typing import Callable
 import pytest
 
 from cosycompile.cli import build_parser, one_line
+from helpers import EVAL_SET
 from hostile_harness import CachedBuild, refused
 
 P = "{path}"  # where the hostile path goes
 BUNDLE = "{bundle}"  # the follow-up build's bundle (a good one)
 ARCHIVE = "{archive}"  # that bundle packed (a good archive)
 OUT = "{out}"  # a fresh output path in the case's folder
+PROMPT = str(EVAL_SET / "prompts" / "eval-prompt-00.wav")  # a good prompt
 
 # An output file may be new or replace a plain file (atomically).
 REPLACEABLE = {"missing", "garbage", "newline-name", "deep-json"}
@@ -44,6 +46,11 @@ SLOTS: dict[str, list[tuple[str, list[str], set[str]]]] = {
     "cache": [("push", ["cache", "push", P, "--cache-remote", "file:///nonexistent/remote"], set()),
               ("pull", ["cache", "pull", P, "--cache-remote", "file:///nonexistent/remote"], set()),
               ("artifacts", ["cache", "ls", "--artifacts", P], {"missing", "empty-dir"})],
+    "speakers": [("add-bundle", ["speakers", "add", P, "--name", "a", "--prompt-wav", PROMPT, "--prompt-text", "Hi."],
+                  set()),
+                 ("add-prompt", ["speakers", "add", BUNDLE, "--name", "a", "--prompt-wav", P, "--prompt-text", "Hi."],
+                  set()),
+                 ("ls", ["speakers", "ls", P], set())],
     "init-model": [("out", ["init-model", "builtin:tiny", "--out", P], {"missing", "empty-dir"})],
 }
 NO_PATH = {"recipe": "prints the option reference; it reads no file the user names"}
