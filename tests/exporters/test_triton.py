@@ -27,6 +27,11 @@ TEXT = ("Hello there, this is the first sentence of a small test for the Triton 
         "And here is a second sentence, which the server streams on its own.")
 
 
+_ITEM = json.loads((REPO / "calib_data" / "eval" / "manifest.jsonl").read_text().splitlines()[0])
+PROMPT_WAV = REPO / "calib_data" / "eval" / _ITEM["prompt_wav"]
+PROMPT_TEXT = _ITEM["prompt_text"]
+
+
 def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
     noise = float(np.sum((ref.astype(np.float64) - test) ** 2))
     return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref.astype(np.float64) ** 2)) / noise)
@@ -50,9 +55,22 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(build: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """tritonserver on the exported CPU repository, ready; stopped (killed if need be) at the end."""
-    with tritonserver(build["repo"], tmp_path_factory.mktemp("tritonserver")) as state:
+def speaker_repo(build: dict[str, Path]) -> Path:
+    """The bundle with speaker ``alice`` added (``cosycompile speakers add``), as a repository written by
+    ``cosycompile triton``: the exporter's configs plus the speaker's file."""
+    res = run_cli("speakers", "add", str(build["bundle"]), "--name", "alice", "--prompt-wav", str(PROMPT_WAV),
+                  "--prompt-text", PROMPT_TEXT)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = build["root"] / "repo-speakers"
+    res = run_cli("triton", str(build["bundle"]), "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(speaker_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """tritonserver on a CPU repository of the bundle (with a speaker), ready; stopped (killed if need be) at the end."""
+    with tritonserver(speaker_repo, tmp_path_factory.mktemp("tritonserver")) as state:
         yield state
 
 
@@ -180,6 +198,31 @@ def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthe
           f"max |diff| {np.abs(synthesized - http_wav).max():.3g}; HTTP {http_s:.2f} s, first chunk {first_s:.2f} s")
     assert snr_http >= 60 and snr_grpc >= 60
     assert np.abs(synthesized - http_wav).max() <= 1.01 / 32768
+
+
+def test_a_cached_speaker_matches_synthesize_with_it(server: dict[str, Any], build: dict[str, Path]) -> None:
+    import soundfile as sf
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    out = build["root"] / "alice.wav"
+    res = run_cli("synthesize", str(build["bundle"]), "--text", TEXT, "--speaker", "alice", "--out", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    ref, _ = sf.read(str(out), dtype="float32")
+    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
+
+    def infer(name: str) -> np.ndarray:
+        inputs = []
+        for tensor, value in (("target_text_utf8", TEXT), ("speaker_utf8", name)):
+            inp = httpclient.InferInput(tensor, [1, len(value.encode())], "UINT8")
+            inp.set_data_from_numpy(_utf8(value))
+            inputs.append(inp)
+        return client.infer("cosyvoice2_offline", inputs).as_numpy("waveform")[0]
+
+    wav = infer("alice")
+    assert wav.shape == ref.shape and np.abs(ref - wav).max() <= 1.01 / 32768
+    with pytest.raises(InferenceServerException, match="no speaker 'bob'"):
+        infer("bob")
 
 
 def test_bytes_text_works_or_is_refused_with_the_utf8_hint(server: dict[str, Any]) -> None:

@@ -25,6 +25,9 @@ INPUTS = [
     TensorConfig("reference_text", "string", (1,), optional=True),
     TensorConfig("reference_text_utf8", "uint8", (-1,), optional=True),
     TensorConfig("seed", "int64", (1,), optional=True),
+    # A speaker cached in the bundle (cosycompile speakers add) instead of reference_wav/_text.
+    TensorConfig("speaker", "string", (1,), optional=True),
+    TensorConfig("speaker_utf8", "uint8", (-1,), optional=True),
 ]
 OUTPUTS = [TensorConfig("waveform", "float32", (-1,))]
 
@@ -80,8 +83,9 @@ runtime: the same code as `cosycompile synthesize`, so the same text and seed gi
 
 Inputs (batch dim 1): `target_text` BYTES [1,1] or `target_text_utf8` UINT8 [1,N] (its UTF-8 bytes);
 optional `reference_wav` FP32 [1,N] (16 kHz prompt audio), `reference_wav_len` INT32 [1,1], `reference_text`
-BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; optional `seed` INT64 [1,1] (text piece k uses seed+k;
-default the recipe's sampling seed). Output: `waveform` FP32 [1,samples], {rate} Hz mono.
+BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; or instead `speaker` BYTES [1,1] / `speaker_utf8` UINT8 [1,N],
+the name of a voice cached in the bundle (`cosycompile speakers add`: its prompt features are not computed per
+request); optional `seed` INT64 [1,1] (text piece k uses seed+k; default the recipe's sampling seed). Output: `waveform` FP32 [1,samples], {rate} Hz mono.
 
 **BYTES and numpy 2.** The python stub of tritonserver 2.51 (the `nvidia-pytriton` 0.7.0 wheel) converts
 tensors with a pybind11 built for numpy 1.x; under numpy 2 a BYTES tensor reaches Python garbled. The

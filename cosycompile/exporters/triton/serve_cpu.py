@@ -10,8 +10,8 @@ plain one (HTTP) answers each request with the whole waveform.
 Inputs (batch dim 1, as CosyVoice's runtime clients send them): ``target_text`` (BYTES) or
 ``target_text_utf8`` (UINT8, its UTF-8 bytes: see :mod:`.pbcompat` for why), optional
 ``reference_wav`` (FP32 16 kHz samples) with ``reference_wav_len`` (INT32) and ``reference_text``
-(BYTES, or ``reference_text_utf8``) for a zero-shot prompt, optional ``seed`` (INT64: piece k
-uses seed+k). Output: ``waveform`` (FP32 [1, samples]).
+(BYTES, or ``reference_text_utf8``) for a zero-shot prompt, or ``speaker`` (BYTES, or
+``speaker_utf8``) naming a speaker cached in the bundle; optional ``seed`` (INT64: piece k uses seed+k). Output: ``waveform`` (FP32 [1, samples]).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ class TritonPythonModel:
         bundle = Path(args["model_repository"]) / args["model_version"] / params.get("bundle", "bundle")
         threads = int(params.get("threads") or 0) or None
         self.bundle = load_bundle(bundle, threads)
+        self.speakers: dict[str, Any] = {}
         self.max_chars = int(params.get("max_chars") or 80)
         mode = params.get("sampling") or None
         self.sampling = recipe_sampling(self.bundle.recipe, mode=mode)
@@ -77,7 +78,13 @@ class TritonPythonModel:
         pieces = split_text(text, self.max_chars)
         frontend = self.bundle.frontend
         wav = input_array(pb, request, "reference_wav")
-        if wav is not None:
+        speaker = input_text(pb, request, "speaker", self.bytes_ok)
+        if speaker is not None:
+            if wav is not None:
+                raise ValueError("speaker replaces reference_wav and reference_text (a speaker is a cached prompt)")
+            cached = self._speaker(speaker)
+            prompt = frontend.prompt_from_features(cached.features, cached.prompt_text, text)
+        elif wav is not None:
             samples = wav.reshape(-1).astype(np.float32)
             length = _first(input_array(pb, request, "reference_wav_len"))
             if length is not None:
@@ -91,6 +98,14 @@ class TritonPythonModel:
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=int(seed))
         return [frontend.text_ids(p) for p in pieces], prompt, sampling
+
+    def _speaker(self, name: str) -> Any:
+        """A speaker of the bundle, read (and digest-checked) once per model instance."""
+        from cosycompile.runtime.speakers import load_speaker
+
+        if name not in self.speakers:
+            self.speakers[name] = load_speaker(self.bundle.path, self.bundle.manifest, name)
+        return self.speakers[name]
 
     def _waves(self, request: Any) -> Any:
         from cosycompile.runtime.bundle import synthesize_pieces
