@@ -46,6 +46,8 @@ SLOTS: dict[str, list[tuple[str, list[str], set[str]]]] = {
     "cache": [("push", ["cache", "push", P, "--cache-remote", "file:///nonexistent/remote"], set()),
               ("pull", ["cache", "pull", P, "--cache-remote", "file:///nonexistent/remote"], set()),
               ("artifacts", ["cache", "ls", "--artifacts", P], {"missing", "empty-dir"})],
+    "serve": [("bundle", ["serve", P, "--http-port", "1", "--grpc-port", "2"], set()),
+              ("log", ["serve", BUNDLE, "--log", P, "--http-port", "1", "--grpc-port", "2"], REPLACEABLE)],
     "speakers": [("add-bundle", ["speakers", "add", P, "--name", "a", "--prompt-wav", PROMPT, "--prompt-text", "Hi."],
                   set()),
                  ("add-prompt", ["speakers", "add", BUNDLE, "--name", "a", "--prompt-wav", P, "--prompt-text", "Hi."],

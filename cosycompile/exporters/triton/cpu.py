@@ -48,7 +48,8 @@ def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     threads = options.threads or recipe_threads(w.recipe)
     sampling = recipe_sampling(w.recipe)
     params = {"bundle": "bundle", "threads": str(threads), "max_chars": str(options.max_chars),
-              "sampling": sampling.mode, "sample_rate": str(w.sample_rate()), "bundle_key": str(w.manifest.get("key", ""))}
+              "sampling": sampling.mode, "sample_rate": str(w.sample_rate()), "bundle_key": str(w.manifest.get("key", "")),
+              "max_text_chars": str(options.max_text_chars), "request_timeout_s": str(options.request_timeout_s)}
     return [ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                         instance_kind="KIND_CPU", instance_count=options.instances, decoupled=decoupled,
                         parameters=dict(params))
@@ -85,7 +86,9 @@ Inputs (batch dim 1): `target_text` BYTES [1,1] or `target_text_utf8` UINT8 [1,N
 optional `reference_wav` FP32 [1,N] (16 kHz prompt audio), `reference_wav_len` INT32 [1,1], `reference_text`
 BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; or instead `speaker` BYTES [1,1] / `speaker_utf8` UINT8 [1,N],
 the name of a voice cached in the bundle (`cosycompile speakers add`: its prompt features are not computed per
-request); optional `seed` INT64 [1,1] (text piece k uses seed+k; default the recipe's sampling seed). Output: `waveform` FP32 [1,samples], {rate} Hz mono.
+request); optional `seed` INT64 [1,1] (text piece k uses seed+k; default the recipe's sampling seed).
+Limits (`parameters` `max_text_chars`, `request_timeout_s`): a longer text is refused at once; a request
+running past the timeout, or cancelled by its client, stops at its next text piece. Output: `waveform` FP32 [1,samples], {rate} Hz mono.
 
 **BYTES and numpy 2.** The python stub of tritonserver 2.51 (the `nvidia-pytriton` 0.7.0 wheel) converts
 tensors with a pybind11 built for numpy 1.x; under numpy 2 a BYTES tensor reaches Python garbled. The

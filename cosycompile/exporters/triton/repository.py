@@ -39,6 +39,10 @@ class RepoOptions:
     threads: int | None = None  # intra-op threads per instance; None: the recipe's validation.speed.threads
     max_chars: int = DEFAULT_MAX_CHARS
     llm_url: str | None = None  # GPU: call a trtllm-serve at this URL instead of a tensorrt_llm model
+    # Request limits of the CPU models: a longer text is refused at once (100,000 characters once held
+    # an instance for 11 minutes); a request still running after the timeout stops at its next piece.
+    max_text_chars: int = 2000
+    request_timeout_s: float = 300.0
 
 
 @dataclass

@@ -37,6 +37,10 @@ def _first(values: Any) -> Any:
     return values.reshape(-1)[0]
 
 
+class Cancelled(Exception):
+    """The client cancelled the request."""
+
+
 class TritonPythonModel:
     """``<family>`` (decoupled, streaming) or ``<family>_offline`` over a bundle in the version dir."""
 
@@ -58,6 +62,9 @@ class TritonPythonModel:
         self.bundle = load_bundle(bundle, threads)
         self.speakers: dict[str, Any] = {}
         self.max_chars = int(params.get("max_chars") or 80)
+        # Absent from repositories written before the limits existed: no limit there, as before.
+        self.max_text_chars = int(params.get("max_text_chars") or 0) or None
+        self.request_timeout_s = float(params.get("request_timeout_s") or 0) or None
         mode = params.get("sampling") or None
         self.sampling = recipe_sampling(self.bundle.recipe, mode=mode)
         bridge = "" if self.bytes_ok else "; BYTES inputs garbled by this stub: text only as *_utf8"
@@ -75,6 +82,9 @@ class TritonPythonModel:
         text = input_text(pb, request, "target_text", self.bytes_ok)
         if text is None or not text.strip():
             raise ValueError("target_text (or target_text_utf8): missing or empty")
+        if self.max_text_chars is not None and len(text) > self.max_text_chars:
+            raise ValueError(f"target_text: {len(text)} characters; this server takes at most {self.max_text_chars} "
+                             f"per request (split the text, or serve with a larger --max-text-chars)")
         pieces = split_text(text, self.max_chars)
         frontend = self.bundle.frontend
         wav = input_array(pb, request, "reference_wav")
@@ -108,10 +118,23 @@ class TritonPythonModel:
         return self.speakers[name]
 
     def _waves(self, request: Any) -> Any:
+        """The request's pieces' waveforms in turn; between pieces, a cancelled request or one past the
+        timeout stops (Triton cannot interrupt a python model mid-call)."""
+        import time
+
         from cosycompile.runtime.bundle import synthesize_pieces
 
+        t0 = time.monotonic()
         ids, prompt, sampling = self._request_parts(request)
-        return synthesize_pieces(self.bundle.pipeline, ids, prompt, sampling)
+        for k, wav in enumerate(synthesize_pieces(self.bundle.pipeline, ids, prompt, sampling)):
+            yield wav
+            if k + 1 == len(ids):
+                break
+            if request.is_cancelled():
+                raise Cancelled(f"cancelled by the client after {k + 1} of {len(ids)} text pieces")
+            if self.request_timeout_s is not None and time.monotonic() - t0 > self.request_timeout_s:
+                raise TimeoutError(f"past the {self.request_timeout_s:g} s request timeout after {k + 1} of "
+                                   f"{len(ids)} text pieces")
 
     def _response(self, wav: np.ndarray) -> Any:
         from cosycompile.exporters.triton.pbcompat import output_tensor

@@ -81,11 +81,11 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def server_command(repository: Path, backend_dir: Path, http_port: int, grpc_port: int,
-                   metrics_port: int, binary: Path | None = None) -> list[str]:
-    """The tritonserver command line for ``repository`` on 127.0.0.1 (python backend from ``backend_dir``)."""
+                   metrics_port: int, binary: Path | None = None, host: str = "127.0.0.1") -> list[str]:
+    """The tritonserver command line for ``repository`` on ``host`` (python backend from ``backend_dir``)."""
     binary = binary or tritonserver_binary() or Path("tritonserver")
     return [str(binary), "--model-repository", str(repository), "--backend-directory", str(backend_dir),
-            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+            "--http-address", host, "--grpc-address", host,
             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
             "--allow-metrics", "false", "--disable-auto-complete-config", "--exit-on-error", "true",
             "--log-verbose", "0"]
