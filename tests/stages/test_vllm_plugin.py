@@ -63,7 +63,8 @@ def _vllm(python: str, case: dict[str, Any], architecture: str | None, plugin: b
     tmap = case["tmap"]
     req = {"model": str(case["dir"]), "ids": case["ids"], "stop": tmap.stop_ids, "architecture": architecture,
            "max_tokens": min(int(len(TEXT) * tmap.max_token_text_ratio), MAX_TOKENS),
-           "min_tokens": int(len(TEXT) * tmap.min_token_text_ratio), "logprob_ids": case["ref"][:1]}
+           "min_tokens": int(len(TEXT) * tmap.min_token_text_ratio), "logprob_ids": case["ref"][:1],
+           "dtype": "float32"}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["VLLM_TARGET_DEVICE"] = "cpu"
     if plugin:
@@ -75,7 +76,7 @@ def _vllm(python: str, case: dict[str, Any], architecture: str | None, plugin: b
 
 def test_the_rewrite_dir_says_how_vllm_loads_it(case: dict[str, Any]) -> None:
     body = json.loads((case["dir"] / TOKEN_MAP_FILE).read_text())
-    assert body["vllm"]["load"] == {"hf_overrides": {"architectures": [ARCHITECTURE]}}
+    assert body["vllm"]["loads"] and body["vllm"]["load"] == {"hf_overrides": {"architectures": [ARCHITECTURE]}}
     assert not [p.name for p in case["dir"].glob("*.safetensors") if p.name != "model.safetensors"], \
         "servers load every top-level *.safetensors as weights"
 
@@ -101,3 +102,29 @@ def test_stock_qwen2_drops_the_bias_and_decodes_other_tokens(vllm_python: str, c
     assert with_plugin is not None, log[-3000:]
     first = str(case["ref"][0])
     assert abs(stock["first_logprobs"][first] - with_plugin["first_logprobs"][first]) > 1e-3
+
+
+def test_vllm_refuses_the_int8_smoothquant_export_as_the_dir_says(vllm_python: str, case: dict[str, Any],
+                                                                   tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The dir's note says which quantized exports vLLM cannot load; the real vLLM agrees."""
+    import modelopt.torch.quantization as mtq
+
+    from cosycompile.quantize.modelopt_torch.quantize import _export_hf, quant_config
+
+    lm = load_models(tiny_model_dir, ("llm",)).llm
+    torch.manual_seed(0)
+    records = [lm.prompt_embeddings(torch.randint(0, 512, (1, 12))) for _ in range(4)]
+
+    def loop(_: Any) -> None:
+        with torch.no_grad():
+            for r in records:
+                lm.qwen.model(inputs_embeds=r)
+
+    mtq.quantize(lm.qwen, quant_config({"format": "int8_sq", "method": "max", "alpha": 0.5, "block_size": 128}), loop)
+    out = tmp_path / "hf"
+    _export_hf(copy.deepcopy(lm), load_models(tiny_model_dir, ("llm",)).config, tiny_model_dir, out)
+    note = json.loads((out / TOKEN_MAP_FILE).read_text())["vllm"]
+    assert note["loads"] is False and "W8A8_SQ_PER_CHANNEL" in note["why"]
+    got, log = _vllm(vllm_python, dict(case, dir=out), ARCHITECTURE, plugin=True)
+    assert got is None and "ModelOpt currently only supports" in log, log[-3000:]
+

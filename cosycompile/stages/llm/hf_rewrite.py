@@ -252,8 +252,7 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
                          "Stock Qwen2ForCausalLM loaders (transformers without remote code, TensorRT-LLM's PyTorch "
                          "backend, vLLM without the plug-in, SGLang) drop it: their logits lack llm_decoder's bias "
                          "and text ids score 0 instead of -inf"),
-        "vllm": {"install": f"pip install ./{VLLM_PLUGIN_DIR}",
-                 "load": {"hf_overrides": {"architectures": [vllm_model.ARCHITECTURE]}}},
+        "vllm": vllm_model.serving_note(quantization, VLLM_PLUGIN_DIR),
         "tokenizer": f"saved (speech tokens {names[0]}..{names[tmap.speech_token_size - 1]}, then "
                      f"{', '.join(names[tmap.speech_token_size:tmap.speech_token_size + 5])}"
                      f"{', ...' if tmap.rows > tmap.speech_token_size + 5 else ''})" if tokenizer is not None

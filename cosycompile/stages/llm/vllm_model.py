@@ -22,7 +22,23 @@ from typing import Any
 
 ARCHITECTURE = "CosyVoiceLMForCausalLM"
 MODULE = "cosyvoice_vllm"  # the module's name once installed from the rewrite dir
+# The ModelOpt checkpoint kinds vLLM 0.32 loads (its ModelOptConfig refuses the others at load:
+# "ModelOpt currently only supports: [...]"); FP8 kinds need its GPU kernels too.
+VLLM_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8",
+                       "MIXED_PRECISION")
 _built: dict[str, Any] = {}
+
+
+def serving_note(quantization: dict[str, Any] | None, plugin_dir: str) -> dict[str, Any]:
+    """How (and whether) vLLM loads a rewrite with ``quantization`` (its ``quantization_config``),
+    for the dir's ``cosycompile_llm.json``."""
+    algo = (quantization or {}).get("quant_algo")
+    if algo is not None and algo not in VLLM_MODELOPT_ALGOS:
+        return {"loads": False, "why": f"vLLM 0.32 loads ModelOpt checkpoints of {', '.join(VLLM_MODELOPT_ALGOS)} "
+                                       f"only, not {algo}: serve this one with TensorRT-LLM"}
+    return {"loads": True, "install": f"pip install ./{plugin_dir}",
+            "load": {"hf_overrides": {"architectures": [ARCHITECTURE]},
+                     **({"dtype": "bfloat16 or float16 (ModelOpt checkpoints)"} if algo else {})}}
 
 
 def register() -> None:
