@@ -8,7 +8,6 @@ lets another machine rebuild, re-validate or finish the same recipe without runn
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from pathlib import Path

@@ -20,8 +20,9 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     overrides = {"architectures": [req["architecture"]]} if req.get("architecture") else None
-    llm = LLM(model=req["model"], skip_tokenizer_init=True, dtype=req.get("dtype", "float32"), enforce_eager=True, max_model_len=512, gpu_memory_utilization=0.05,
-              hf_overrides=overrides, seed=0)
+    # On the CPU backend gpu_memory_utilization is the share of RAM reserved for the KV cache.
+    llm = LLM(model=req["model"], skip_tokenizer_init=True, dtype=req.get("dtype", "float32"), enforce_eager=True,
+              max_model_len=512, gpu_memory_utilization=0.05, hf_overrides=overrides, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], min_tokens=req["min_tokens"],
                             stop_token_ids=req["stop"], logprobs=20, detokenize=False)
     t0 = time.perf_counter()

@@ -88,7 +88,8 @@ BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; or instead `speaker` BYTES [1,
 the name of a voice cached in the bundle (`cosycompile speakers add`: its prompt features are not computed per
 request); optional `seed` INT64 [1,1] (text piece k uses seed+k; default the recipe's sampling seed).
 Limits (`parameters` `max_text_chars`, `request_timeout_s`): a longer text is refused at once; a request
-running past the timeout, or cancelled by its client, stops at its next text piece. Output: `waveform` FP32 [1,samples], {rate} Hz mono.
+running past the timeout, or cancelled by its client, stops at its next text piece.
+Output: `waveform` FP32 [1,samples], {rate} Hz mono.
 
 **BYTES and numpy 2.** The python stub of tritonserver 2.51 (the `nvidia-pytriton` 0.7.0 wheel) converts
 tensors with a pybind11 built for numpy 1.x; under numpy 2 a BYTES tensor reaches Python garbled. The

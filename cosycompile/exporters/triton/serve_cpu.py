@@ -11,7 +11,8 @@ Inputs (batch dim 1, as CosyVoice's runtime clients send them): ``target_text`` 
 ``target_text_utf8`` (UINT8, its UTF-8 bytes: see :mod:`.pbcompat` for why), optional
 ``reference_wav`` (FP32 16 kHz samples) with ``reference_wav_len`` (INT32) and ``reference_text``
 (BYTES, or ``reference_text_utf8``) for a zero-shot prompt, or ``speaker`` (BYTES, or
-``speaker_utf8``) naming a speaker cached in the bundle; optional ``seed`` (INT64: piece k uses seed+k). Output: ``waveform`` (FP32 [1, samples]).
+``speaker_utf8``) naming a speaker cached in the bundle; optional ``seed`` (INT64: piece k uses
+seed+k). Output: ``waveform`` (FP32 [1, samples]).
 """
 
 from __future__ import annotations
