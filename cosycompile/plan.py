@@ -324,8 +324,9 @@ def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, .
         code=tuple(m for s in stage_infos().values() for m in _module_roots(s, "modules")) + family_code,
         # Which stages this recipe quantizes is not a parameter: the step runs the whole reference
         # pipeline and keeps every stage's records either way, so recipes that calibrate different
-        # stages of the same model on the same items share one entry.
-        params={"calibration": cal.model_dump(exclude={"set"}), "family": model.family.name},
+        # stages of the same model on the same items share one entry. ``set`` is in the key as the files
+        # read; ``same_as_eval`` is a permission that changes nothing the step computes.
+        params={"calibration": cal.model_dump(exclude={"set", "same_as_eval"}), "family": model.family.name},
         tools=TORCH_TOOLS, describe="record each stage's real inputs from the FP32 reference on the calibration set",
     )
     model.attach(step, model_files)
