@@ -141,14 +141,10 @@ def _clean_staging(store: Store) -> int:
 
 
 @dataclass
-class RemoteGCResult:
-    """What a remote collection removed and kept."""
+class RemoteGCResult(GCResult):
+    """What a remote collection removed and kept: entries (``removed``, ``kept``, ``pinned``) and blobs."""
 
-    removed_entries: list[str] = field(default_factory=list)
     removed_blobs: int = 0
-    removed_bytes: int = 0
-    kept_entries: int = 0
-    pinned: int = 0
     young_blobs: int = 0  # unreferenced, but within BLOB_GRACE_S: maybe a push under way
 
 
@@ -170,12 +166,12 @@ def collect_remote(remote: RemoteCache, older_than: float, pins: set[str], dry_r
         elif now - published > older_than:
             if not dry_run:
                 remote.remove("ac", key)
-            res.removed_entries.append(key)
+            res.removed.append(key)
             continue
-        res.kept_entries += 1
+        res.kept += 1
     needed: set[str] = set()
     for key in remote.listing("ac"):
-        if dry_run and key in res.removed_entries:
+        if dry_run and key in res.removed:
             continue
         try:
             body = remote.read_entry(key)

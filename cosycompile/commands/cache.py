@@ -127,7 +127,7 @@ def _gc_remote(args: argparse.Namespace, store: Any) -> int:
     except RemoteError as exc:
         raise UserError(f"remote cache {remote.url}: gc failed ({exc})") from None
     verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {len(res.removed_entries)} entries and {res.removed_blobs} blobs ({res.removed_bytes / 1e6:.1f} MB) "
-          f"from {remote.url}; kept {res.kept_entries} entries ({res.pinned} needed by kept bundles)"
+    print(f"{verb} {len(res.removed)} entries and {res.removed_blobs} blobs ({res.removed_bytes / 1e6:.1f} MB) "
+          f"from {remote.url}; kept {res.kept} entries ({res.pinned} needed by kept bundles)"
           + (f"; {res.young_blobs} unnamed blobs younger than the push grace kept" if res.young_blobs else ""))
     return 0

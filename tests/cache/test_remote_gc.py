@@ -65,15 +65,15 @@ def test_old_unpinned_entries_and_the_blobs_only_they_named_go(moto: MotoServer,
     assert len(remote.listing("ac")) == 3 and len(remote.listing("cas")) == 6
 
     # Today nothing is older than 30 days: nothing goes, and a dry run never removes.
-    assert collect_remote(remote, 30 * DAY, set()).removed_entries == []
+    assert collect_remote(remote, 30 * DAY, set()).removed == []
     later = time.time() + 40 * DAY
     dry = collect_remote(remote, 30 * DAY, {e["kept-bundle"].key}, dry_run=True, now=later)
-    assert sorted(dry.removed_entries) == sorted([e["old-a"].key, e["old-b"].key]) and dry.removed_blobs == 4
+    assert sorted(dry.removed) == sorted([e["old-a"].key, e["old-b"].key]) and dry.removed_blobs == 4
     assert len(remote.listing("ac")) == 3 and len(remote.listing("cas")) == 6
 
     res = collect_remote(remote, 30 * DAY, {e["kept-bundle"].key}, now=later)
-    assert sorted(res.removed_entries) == sorted([e["old-a"].key, e["old-b"].key])
-    assert res.pinned == 1 and res.kept_entries == 1 and res.removed_blobs == 4
+    assert sorted(res.removed) == sorted([e["old-a"].key, e["old-b"].key])
+    assert res.pinned == 1 and res.kept == 1 and res.removed_blobs == 4
     assert set(remote.listing("ac")) == {e["kept-bundle"].key}
     assert set(remote.listing("cas")) == _shas(e["kept-bundle"])
     # What stays is whole: it pulls and verifies into an empty store.
