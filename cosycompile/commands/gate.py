@@ -72,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     recipe_file = (bundle if bundle.is_dir() else bundle.parent) / "recipe.json"
     gate: dict = {}
     if recipe_file.is_file():
-        from cosycompile.core.bounded_read import read_json
-        from cosycompile.runtime.bundle import MAX_MANIFEST_BYTES
+        from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES, read_json
 
         body = read_json(recipe_file, MAX_MANIFEST_BYTES, "a bundle's recipe")
         gate = body.get("validation", {}).get("gate", {}) if isinstance(body, dict) else None

@@ -143,25 +143,23 @@ def run(args: argparse.Namespace) -> int:
                                                host=args.host), env=server_env(), stdout=log_file,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         http = f"{args.host if args.host != '0.0.0.0' else '127.0.0.1'}:{args.http_port}"
+        # A log in the work dir is removed at exit: an error then carries its last error line only.
+        kept = f" (log: {log})" if args.log else " (--log FILE keeps the whole log)"
         deadline = time.monotonic() + args.ready_timeout
         while not _ready(http):
             if proc.poll() is not None:
-                raise UserError(f"tritonserver exited with {proc.returncode} while loading: {_last_error(log)} "
-                                f"(log: {log})")
+                raise UserError(f"tritonserver exited with {proc.returncode} while loading: {_last_error(log)}{kept}")
             if time.monotonic() > deadline:
-                raise UserError(f"tritonserver not ready after {args.ready_timeout:g} s: {_last_error(log)} "
-                                f"(log: {log})")
+                raise UserError(f"tritonserver not ready after {args.ready_timeout:g} s: {_last_error(log)}{kept}")
             time.sleep(0.5)
         print(f"serving {args.bundle} ({args.instances} instance{'s' if args.instances != 1 else ''} per model): "
               f"HTTP {args.host}:{args.http_port}, gRPC {args.host}:{args.grpc_port}; repository {repo}; log {log}; "
               f"Ctrl-C stops",
               flush=True)
         rc = proc.wait()
-        raise UserError(f"tritonserver stopped by itself with {rc}: {_last_error(log)} (log: {log})")
+        raise UserError(f"tritonserver stopped by itself with {rc}: {_last_error(log)}{kept}")
     except KeyboardInterrupt:
-        if proc is not None:
-            _stop(proc)
-        print("stopped", file=sys.stderr, flush=True)
+        print("stopped", file=sys.stderr, flush=True)  # the server is stopped below, as on every way out
         return 0
     finally:
         if proc is not None:

@@ -64,14 +64,11 @@ def bundle_parts(bundle: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not bundle.is_dir():
         raise UserError(f"{bundle}: not a bundle folder")
     manifest = read_manifest(bundle / MANIFEST)
-    from cosycompile.core.bounded_read import BoundError, read_text
+    from cosycompile.core.bounded_read import read_json
 
-    try:
-        recipe = json.loads(read_text(bundle / "recipe.json", MAX_MANIFEST_BYTES, "a bundle's recipe"))
-    except BoundError as exc:
-        raise UserError(f"{bundle / 'recipe.json'}: {exc}") from None
-    except (OSError, ValueError, RecursionError) as exc:
-        raise UserError(f"{bundle / 'recipe.json'}: not a readable recipe ({exc.__class__.__name__})") from None
+    recipe = read_json(bundle / "recipe.json", MAX_MANIFEST_BYTES, "a bundle's recipe")
+    if not isinstance(recipe, dict):
+        raise UserError(f"{bundle / 'recipe.json'}: not a recipe (a JSON object)")
     from cosycompile.stages import pipeline_stages
 
     stages = pipeline_stages()

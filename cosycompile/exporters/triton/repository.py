@@ -58,13 +58,10 @@ class Writer:
 
     def bundle_json(self, rel: str) -> dict[str, Any]:
         """A JSON file of the bundle; a one-line error if it cannot be read."""
-        from cosycompile.core.bounded_read import read_text
-        from cosycompile.runtime.bundle import MAX_MANIFEST_BYTES
+        from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES, read_json
 
-        try:  # a passport or graphs.json is kB, bounded like the manifest beside it
-            return json.loads(read_text(self.bundle / rel, MAX_MANIFEST_BYTES, "a bundle JSON file"))
-        except (OSError, ValueError) as exc:  # BoundError is a ValueError
-            raise UserError(f"{self.bundle / rel}: not readable ({exc})") from None
+        # A passport or graphs.json is kB, bounded like the manifest beside it.
+        return read_json(self.bundle / rel, MAX_MANIFEST_BYTES, "a bundle JSON file")
 
     def sample_rate(self) -> int:
         """The rate of the bundle's audio, from its vocoder graphs' info (the model's config)."""
