@@ -27,7 +27,7 @@ def machine() -> str:
 def add_min_seconds(ap: Any, default: float = 30.0) -> None:
     """The ``--min-seconds`` option of every script that times a ratio: pairs go on past ``--pairs``
     until that long has passed, since a slow spell of a shared machine moves a median of a few pairs
-    (docs/BENCHMARKS.md, "Ratios run twice")."""
+    (docs/bench-log/2026-11-24-ratios-run-twice.md)."""
     ap.add_argument("--min-seconds", type=float, default=default,
                     help="time each ratio's pairs for at least this long (0: just the set number of pairs)")
 

@@ -2,8 +2,9 @@
 reference, to tell which part of it moves between runs.
 
 The build's report times the first chunk (25 + 3 tokens through LLM, flow and HiFT) as a whole, in a
-few pairs of seconds each; twice that ratio moved 15 % for the INT8 recipes while the reference side
-held (docs/BENCHMARKS.md). This script times its parts on the first eval item, on both pipelines, in
+few pairs of seconds each; between two whole runs that ratio moved past tolerance for the INT8
+recipes while the reference side held (docs/bench-log/2026-11-26-zen5-whole-make-bench-after-ir-change.md).
+This script times its parts on the first eval item, on both pipelines, in
 rounds, each round running every part once on each side (the side that goes first alternates):
 
 - ``prefill``: the LLM's prefill and one decode step (``max_tokens=1``);

@@ -1,7 +1,8 @@
 """Benchmark: kernel alternatives for the flow estimator's costliest parts on this CPU, each against
 what the `cpu-fast` engine runs now, in interleaved pairs.
 
-bench/flow_profile.py shows the estimator's FP32 attention products at ~95 % of the FP32 GEMM peak.
+bench/flow_profile.py shows the estimator's FP32 attention products near the FP32 GEMM peak
+(docs/bench-log/2026-11-25-cpu-flow-bound-zen4.md).
 This asks whether another kernel beats them, at the estimator's own shapes (batch 2 for CFG, 8 heads
 of 64, ``--frames`` frames):
 - attention: ONNX Runtime's unfused pattern as the exporter writes it (head transposes, QK^T, scale,

@@ -17,7 +17,8 @@ Activation schemes:
 
 Rows: every scheme on every layer, then one group of layers at a time (by role and by depth) under
 ``static`` and ``dynamic``, which locates the loss. Attention's two batched matmuls stay FP32 here
-(keeping them FP32 in the real INT8 engine did not move its SNR; docs/BENCHMARKS.md).
+(keeping them FP32 in the real INT8 engine did not move its SNR;
+docs/bench-log/2026-11-22-quantized-vs-fp32-random-0.5b.md).
 
 Usage: python bench/flow_sensitivity.py [--model builtin:random-0.5b] [--frames 500] [--threads 2]
 Writes artifacts/bench/flow_sensitivity.json and prints a Markdown table.

@@ -4,7 +4,7 @@ the same device, with the quality of the same networks next to every time.
 
 ``bench/llm_decode.py`` and ``bench/pipeline_speed.py`` time what a recipe deploys: AOTInductor
 packages built through the cached build graph. On the 0.5B shapes those builds take most of a
-10-minute call each (docs/BENCHMARKS.md, "H100, 2026-11-25"), more than a 15-minute lease holds. This
+10-minute call each (docs/bench-log/2026-11-25-h100-first-lease.md), more than a 15-minute lease holds. This
 script skips export and packaging: it compiles the same static-cache step (``LLMStaticStep``) with
 ``torch.compile`` (the kernels Inductor would put in the package; the CUDA graph removes the wrapper
 that differs) and captures the flow and HiFT networks as CUDA graphs without compiling them. Phases,

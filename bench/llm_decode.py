@@ -52,7 +52,8 @@ def stream_bytes_per_s(torch: Any, device: str, mib: int = 512, reps: int = 5) -
     denominator). ``read``: a GEMV over a matrix of that size, counted as the matrix's bytes, which
     is how a decode step's linears touch memory. ``floor`` is the larger: a copy also reads its
     destination before writing it, which the 2x count does not see, so on the Xeon VM a decode step
-    beat the copy-based floor (docs/BENCHMARKS.md), and a floor that a step beats bounds nothing.
+    beat the copy-based floor (docs/bench-log/2026-11-27-xeon-make-bench-twice.md), and a floor that a
+    step beats bounds nothing.
     """
     x = torch.empty(mib << 18, dtype=torch.float32, device=device).uniform_()
     y = torch.empty_like(x)
@@ -207,7 +208,8 @@ def main() -> int:
         "machine": (torch.cuda.get_device_name() if device == "cuda" else
                     f"{machine()}, {torch.get_num_threads()} threads"),
         "copy_gb_per_s": streams["copy"] / 1e9, "read_gb_per_s": streams["read"] / 1e9, "rows": []}
-    # On the CPU, the VM's state before each pair (docs/BENCHMARKS.md: a bandwidth-bound side moves with it).
+    # On the CPU, the VM's state before each pair (a bandwidth-bound side moves with it:
+    # docs/bench-log/2026-11-26-zen5-machine-states.md).
     square = torch.randn(1024, 1024)
     probe = (lambda: machine_probes(torch, args.threads, square)) if device == "cpu" else None
     for fmt in formats:

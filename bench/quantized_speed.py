@@ -48,8 +48,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32, help="decode steps timed per run")
     ap.add_argument("--runs", type=int, default=5)
-    # 60 s: with 30 s, 5-8 pairs left these medians 10-11 % apart between two whole `make bench` runs;
-    # twice the pairs brought them within 4.3 % (docs/BENCHMARKS.md, Intel VM, second whole run).
+    # 60 s: 30 s left too few pairs for these medians to agree between two whole `make bench` runs,
+    # and twice the pairs brought them within tolerance (docs/bench-log/2026-11-26-xeon-whole-make-bench-second.md).
     add_min_seconds(ap, default=60.0)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()

@@ -11,7 +11,7 @@ call spends its time, by operator), bench/reference_reuse.py (validation time of
 the same model), bench/end_to_end.py (offline RTF and first chunk against the FP32 reference in the
 same run, for the INT8 recipes, cpu-fast and cpu-fast-cfm5) and bench/noop_rebuild.py, then the tests marked model05b
 (0.5B shapes, which `make test` leaves out), and prints their tables;
-copy the figures into docs/BENCHMARKS.md together with the command and the machine.
+record a run as a new file of docs/bench-log/ (docs/bench-log/README.md) with the command and the machine.
 
 Each run's result files are kept under artifacts/bench/runs/<stamp>/ with every script's wall time
 (run_all.json), written as each command ends: a run killed part way keeps what it finished, and

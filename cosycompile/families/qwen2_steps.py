@@ -18,7 +18,8 @@ from torch import nn
 
 class BuiltOnFirstUse(Mapping[str, Any]):
     """Graph modules made when first looked up. The static step copies each layer's q/k/v and gate/up
-    into merged matrices (0.9 GB and 1.5 s for the 0.5B LM), and only a GPU program export reads it:
+    into merged matrices (memory and seconds worth sparing for the 0.5B LM: docs/bench-log/2026-11-27-h100-fp8.md),
+    and only a GPU program export reads it:
     ONNX exports and the PyTorch reference never do."""
 
     def __init__(self, makers: dict[str, Callable[[], Any]]) -> None:
@@ -133,7 +134,8 @@ class LLMDecodeStep(_StepLayers):
             presents += [k, v]
             # Grouped-query attention without repeating K/V per query head: the G query heads that
             # share a KV head become G*S rows of one product. Repeating K/V (HF's repeat_kv) wrote
-            # 7x the cache per step, 6 % of a decode step in ONNX Runtime's profile.
+            # the cache once per query head each step, a visible share of ONNX Runtime's profile
+            # (docs/bench-log/2026-11-24-llm-step-without-repeat-kv.md).
             qg = q.reshape(B, self.kv_heads, groups * S, self.head_dim)
             scores = torch.matmul(qg, k.transpose(2, 3)) / math.sqrt(self.head_dim)
             scores = scores.view(B, self.kv_heads, groups, S, -1) + bias
@@ -182,10 +184,10 @@ class LLMStaticStep(_StepLayers):
 
     Each layer reads q/k/v as one matrix and gate/up as another (:class:`_MergedLayer`, copies made
     at construction: later changes to the LM's weights do not reach the step). At batch 1 a
-    matrix-vector product costs a kernel's latency more than its bytes: on an H100 the compiled BF16
-    step took 1.380 ms/token merged against 1.657 apart, at the same logits (docs/BENCHMARKS.md,
-    "H100, 2026-11-27"). The step does not hold the LM itself, whose separate matrices an export
-    would otherwise carry unread.
+    matrix-vector product costs a kernel's latency more than its bytes, so on an H100 the compiled
+    BF16 step ran faster merged than apart, at the same logits
+    (docs/bench-log/2026-11-27-h100-fp8.md). The step does not hold the LM itself, whose separate
+    matrices an export would otherwise carry unread.
     """
 
     def __init__(self, lm: nn.Module) -> None:

@@ -69,7 +69,7 @@ class SpeedSpec(_Strict):
                                                       "passed, so one slow spell of a shared machine cannot set a ratio")
     machine_state: bool = Field(False, description="probe before each pair whether the threads beat one thread on a "
                                                    "small op, and give each ratio per state too (small VMs switch "
-                                                   "between two states that move ratios; docs/BENCHMARKS.md)")
+                                                   "between two states that move ratios; docs/benchmarks.md)")
     threads: int = Field(2, ge=1, le=1024, description="intra-op threads for both reference and engines")
     reference: Literal["same-run", "cached"] = Field(
         "same-run", description="same-run: reference and build timed in interleaved pairs in this run; cached: the "

@@ -1,9 +1,10 @@
 """The machine a speed figure was taken on: CPU model, vCPUs and the instruction sets that decide
 which kernels run.
 
-The same recipe's end-to-end RTF on ``builtin:random-0.5b`` was 1.14 on a Zen 5 EPYC, 1.82 on a
-Zen 4 one and 1.53 on a Xeon with AMX (docs/BENCHMARKS.md), all labelled "AMD EPYC" or "Intel
-Xeon Processor" by a 2-vCPU VM, so a report names the family, model and ISA flags as well.
+The same recipe's end-to-end RTF on ``builtin:random-0.5b`` differed widely between a Zen 5 EPYC,
+a Zen 4 one and a Xeon with AMX (docs/bench-log/2026-11-25-cpu-fast-zen5.md), all labelled "AMD
+EPYC" or "Intel Xeon Processor" by a 2-vCPU VM, so a report names the family, model and ISA flags
+as well.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Which of a small VM's two states a timing pair ran in, and a ratio given per state.
 
 On a 2-vCPU VM the host moves between a state where two intra-op threads beat one and a state
-where handing work between the vCPUs costs more than the work (docs/BENCHMARKS.md, "What moves
-the first chunk"). Sync-bound engines (the flow's thousands of small ops) slow down in the second
-state and bandwidth-bound ones (an FP32 LLM step) speed up, so a ratio with one side of each kind
-moves with the share of pairs that fell in each state, while each state's own ratio reproduces.
+where handing work between the vCPUs costs more than the work
+(docs/bench-log/2026-11-26-zen5-machine-states.md). Sync-bound engines (the flow's thousands of
+small ops) slow down in the second state and bandwidth-bound ones (an FP32 LLM step) speed up, so
+a ratio with one side of each kind moves with the share of pairs that fell in each state, while
+each state's own ratio reproduces.
 A probe around each timed run, cheap enough to sit beside every one, tells the states apart
 without a threshold picked by hand: do ``threads`` threads lose to one on a small op? The host
 switches state within seconds (bench/machine_timeline.py), so a pair counts for a state only

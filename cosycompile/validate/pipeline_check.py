@@ -182,7 +182,8 @@ def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling:
 
 def _peak_rss_mb() -> float:
     """Peak RSS of this process so far: the pipeline check's and that of every step run before it
-    in the same ``cosycompile build`` (on the 0.5B model: near 11 GB with the quantize steps, near 6 GB for the check alone)."""
+    in the same ``cosycompile build`` (on the 0.5B model the calibrate and quantize steps, when they run
+    in the same process, raise it well above the check's own: docs/bench-log/2026-11-26-xeon-whole-make-bench-second.md)."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -90,8 +90,9 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
                 k.endswith("_by_state") for c in checks.values() for k in c.get("metrics", {})):
             lines += ["", _STATE_NOTE]
         if "host" in speed:
-            # Absolute times and RTF depend on the CPU far more than on its label (1.14 to 1.82 for
-            # one recipe across three 2-vCPU "EPYC"/"Xeon" VMs), so the report names it.
+            # Absolute times and RTF depend on the CPU far more than on its label (one recipe's RTF
+            # differed widely across three 2-vCPU "EPYC"/"Xeon" VMs: docs/bench-log/2026-11-25-cpu-fast-zen5.md),
+            # so the report names it.
             lines += ["", f"Measured on: {host_line(speed['host'])}."]
         e2e = speed.get("end_to_end", {})
         if e2e:

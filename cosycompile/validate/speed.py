@@ -51,7 +51,8 @@ def paired_ratio(reference: Callable[[], Any], candidate: Callable[[], Any], pai
     With ``min_seconds``, pairs go on (up to ``max_pairs``) until that much time has passed: on a
     shared machine a slow spell slows a memory-bound side more than a compute-bound one, and three pairs
     inside one spell set the median. A window outvotes spells shorter than itself; spells of minutes
-    (the FP32 ONNX Runtime LLM step, docs/BENCHMARKS.md) still move the ratio.
+    (the FP32 ONNX Runtime LLM step, docs/bench-log/2026-11-25-zen5-whole-make-bench-windows.md) still
+    move the ratio.
 
     ``probe``, called untimed before each timed run and once after the last, records the machine's
     state around each run (a benchmark can then give the ratio per state: a 2-vCPU VM switches between

@@ -3,8 +3,9 @@
 The exported decode step takes the whole cache as one ``[L, 2, B, KVH, P, D]`` tensor and returns
 it stacked again. ONNX Runtime cannot alias slices, so a step copies the cache four times: the
 layer Split, the key/value Split, each layer's Concat with the new position, and the final stack
-(a Reshape of a graph output is a fifth). On the 0.5B INT8 step at 300 cached positions that is
-4 of 21.7 ms. With per-layer inputs and outputs only the Concat copies, and a decoder that keeps the
+(a Reshape of a graph output is a fifth). On the 0.5B INT8 step those copies grow with the cache
+and take a visible share of the step (docs/bench-log/2026-11-27-xeon-kv-cache-rewrite.md). With
+per-layer inputs and outputs only the Concat copies, and a decoder that keeps the
 per-layer arrays from one step to the next (:class:`KeptCacheDecoder`) never restacks them.
 
 The rewrite proves which layer and which of key/value each per-layer Concat read by following its

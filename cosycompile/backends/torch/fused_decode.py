@@ -1,7 +1,7 @@
 """The Qwen2 LM's static-cache decode step as five hand-fused Triton kernels a layer (CUDA only).
 
-Compiled by Inductor, the BF16 step of the 0.5B LM launches some 460 kernels a token, and on an H100
-their count, not the bytes they read, bounds it (docs/BENCHMARKS.md, "H100, 2026-11-27"): most of
+Compiled by Inductor, the BF16 step of the 0.5B LM launches hundreds of kernels a token, and on an
+H100 their count, not the bytes they read, bounds it (docs/bench-log/2026-11-27-h100-fp8.md): most of
 them are norms, rotary, casts, bias adds and slices around matrix-vector products that each take a
 few microseconds. Here each layer is
 
@@ -54,9 +54,9 @@ class Tiling:
     launches every kernel as a programmatic dependent launch (Hopper on): each waits for its
     predecessor inside the kernel, so the launch overlaps the previous kernel's tail."""
 
-    # The defaults read a whole 896-wide row of the 0.5B LM per loop turn, the fastest shape of the
-    # H200 lease of 2026-11-28 (docs/BENCHMARKS.md, "hand-fused Triton kernels"; slices of 256 were
-    # the shape before it).
+    # The defaults read a whole 896-wide row of the 0.5B LM per loop turn, the fastest shape timed on
+    # an H200 (docs/bench-log/2026-11-28-h200-fused-triton-decode.md; slices of 256 were the shape
+    # before it).
     qkv_pairs: int = 4
     qkv_k: int = 1024
     o_rows: int = 4

@@ -1,7 +1,8 @@
 """Decoding over a KV cache of fixed size that stays on the device, and on CUDA replayed as a CUDA graph.
 
-At batch 1 a decode step of the 0.5B LM is some 500 small kernels: on an H100 launching them costs
-more than the ~0.35 ms its weights take to read. A CUDA graph launches the whole step at once, but
+At batch 1 a decode step of the 0.5B LM is hundreds of small kernels: on an H100 launching them costs
+more than reading its weights (docs/bench-log/2026-11-25-h100-first-lease.md). A CUDA graph launches
+the whole step at once, but
 it replays fixed shapes and fixed addresses, which a cache that grows by one position a step (the
 ``llm_step`` program) does not have. The ``llm_step_static`` program reads a cache of ``M`` slots
 and returns the new token's keys and values; this module owns that cache and writes them into slot

@@ -108,7 +108,8 @@ class Attention(nn.Module):
         q, k, v = (lin(x).view(B, T, self.heads, self.dim_head).transpose(1, 2)
                    for lin in (self.to_q, self.to_k, self.to_v))
         # SDPA as upstream's diffusers processor runs it: compiled backends get a fused CPU/GPU attention
-        # kernel that never materialises the [B, heads, T, T] scores (1.3x on the whole estimator, eager).
+        # kernel that never materialises the [B, heads, T, T] scores (faster on the whole estimator,
+        # eager: docs/bench-log/2026-11-24-torch-backend-after-sdpa.md).
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, None])
         return self.to_out[0](out.transpose(1, 2).reshape(B, T, self.heads * self.dim_head))
 

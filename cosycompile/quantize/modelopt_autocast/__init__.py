@@ -15,8 +15,8 @@ data-driven mode, fed through its ``custom_rule`` hook). Activation overflow dep
 a real mel or CFM state reaches.
 
 HiFT: ``keep_fp32: ['/f0_predictor/', '/m_source/']`` keeps F0 and the NSF source FP32. The source integrates
-F0 into a phase, so FP16 F0 errors accumulate over the utterance; on builtin:tiny this lifts the HiFT outputs'
-SNR against FP32 from ~32 dB (magnitude) / ~23 dB (phase) to ~46-50 / ~37-41 dB.
+F0 into a phase, so FP16 F0 errors accumulate over the utterance; on builtin:tiny keeping them FP32 lifts
+the HiFT outputs' SNR against FP32 well above the all-FP16 graph's (docs/bench-log/2026-11-23-tensorrt-rtx-builds.md).
 """
 
 from __future__ import annotations
