@@ -3,6 +3,7 @@ opt-in markers' rule."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,13 @@ import pytest
 
 if TYPE_CHECKING:
     from hostile_harness import CachedBuild
+
+# The suite runs several torch and ONNX Runtime processes at once (a build beside a server, concurrent
+# builds, pytest itself) on a 2-core machine. OpenMP's default is to spin while it waits for work, and
+# spinning threads of one process starve the other: the tiny model's eager reference pipeline ran many
+# times slower under such contention. Sleeping waiters cost the tests nothing (none of them measures
+# speed). Set before anything imports torch, and inherited by every subprocess a test starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session")
