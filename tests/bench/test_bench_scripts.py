@@ -1,5 +1,5 @@
 """The benchmark scripts that need no long build run for real on builtin:tiny: their JSON holds
-what docs/BENCHMARKS.md quotes (timings, pairs, floor, quality) and FP32 agrees with itself."""
+what the benchmark log (docs/bench-log/) quotes (timings, pairs, floor, quality) and FP32 agrees with itself."""
 
 from __future__ import annotations
 
