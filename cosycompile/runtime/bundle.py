@@ -69,13 +69,12 @@ def bundle_parts(bundle: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     recipe = read_json(bundle / "recipe.json", MAX_MANIFEST_BYTES, "a bundle's recipe")
     if not isinstance(recipe, dict):
         raise UserError(f"{bundle / 'recipe.json'}: not a recipe (a JSON object)")
-    from cosycompile.stages import pipeline_stages
-
-    stages = pipeline_stages()
+    stages = manifest.get("stages")
+    if not isinstance(stages, dict) or not stages:
+        raise UserError(f"{bundle / MANIFEST}: lists no stage, so there is nothing to synthesize with")
     for stage in stages:
         if not (bundle / "engines" / stage / "engine.json").is_file():
-            raise UserError(f"{bundle / 'engines' / stage}: no engine for stage '{stage}' (synthesize needs "
-                            f"{', '.join(stages)}; the recipe built {', '.join(manifest.get('stages', {})) or 'none'})")
+            raise UserError(f"{bundle / 'engines' / stage}: no engine for stage '{stage}', which the manifest lists")
     frontend = bundle / FRONTEND_DIR
     if not frontend.is_dir():
         raise UserError(f"{frontend}: missing (a bundle from before front ends were bundled: rebuild it with: "
@@ -154,13 +153,15 @@ def load_bundle(bundle: Path, threads: int | None = None) -> LoadedBundle:
 
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.loading import stage_runtime
-    from cosycompile.runtime.pipeline import Pipeline
+    from cosycompile.runtime.pipeline import Pipeline, in_pipeline_order
 
     # One front-end thread, as the build's checks use: the prompt features are then the build's bit for bit.
     frontend = Frontend(bundle / FRONTEND_DIR, threads=1)
-    from cosycompile.stages import pipeline_stages
-
-    pipeline = Pipeline({s: stage_runtime(s, bundle / "engines" / s, threads) for s in pipeline_stages()})
+    runtimes = {s: stage_runtime(s, bundle / "engines" / s, threads) for s in manifest["stages"]}
+    try:
+        pipeline = Pipeline(in_pipeline_order(runtimes))
+    except ValueError as e:
+        raise UserError(f"{bundle}: cannot synthesize: {e}") from None
     return LoadedBundle(bundle, manifest, recipe, frontend, pipeline, threads)
 
 

@@ -53,6 +53,20 @@ class StageRuntime(Protocol):
                 seed: int) -> np.ndarray: ...
 
 
+# What the stages make, in pipeline order: text -> tokens -> mel -> wav (Synthesis holds one of each).
+PRODUCTS = ("tokens", "mel", "wav")
+
+
+def in_pipeline_order(stages: Mapping[str, StageRuntime]) -> dict[str, StageRuntime]:
+    """``stages`` ordered by what each makes, when together they make every product; else a
+    ValueError saying what is missing (a bundle's manifest lists its stages in no particular order)."""
+    made = {s.product for s in stages.values()}
+    missing = [p for p in PRODUCTS if p not in made]
+    if missing:
+        raise ValueError(f"no stage makes {', '.join(missing)} (stages: {', '.join(stages) or 'none'})")
+    return dict(sorted(stages.items(), key=lambda kv: PRODUCTS.index(kv[1].product)))
+
+
 class Pipeline:
     """The stage runtimes in pipeline order (the stage registry's); timings per stage on every call.
 
@@ -95,4 +109,4 @@ class Pipeline:
             seconds[name] = now - t
             t = now
         seconds["total"] = t - t0
-        return Synthesis(products["tokens"], products["mel"], products["wav"], seconds)
+        return Synthesis(*(products[p] for p in PRODUCTS), seconds)

@@ -16,9 +16,9 @@ from cosycompile.runtime.dsp import istft
 from cosycompile.runtime.pipeline import Prompt
 from cosycompile.runtime.runner import Runner
 from cosycompile.runtime.sampling import Sampling, sampling_ids
-from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
-from cosycompile.stages.hift import HIFT
-from cosycompile.stages.llm import LLM_STEP, LLM_STEP_STATIC
+from cosycompile.runtime.stage_graphs.flow import FLOW_ENCODER, FLOW_ESTIMATOR
+from cosycompile.runtime.stage_graphs.hift import HIFT
+from cosycompile.runtime.stage_graphs.llm import LLM_STEP, LLM_STEP_STATIC
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
