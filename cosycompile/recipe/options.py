@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -26,15 +27,32 @@ class Option:
     scope: str = ""
 
 
+_BOUNDS = (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+
+
 def _type_name(annotation: Any) -> str:
-    origin = typing.get_origin(annotation)
+    """A type as a recipe writer reads it: ``list[int (>= 1, <= 256)]``, ``str | None``, ``mapping``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        base, *meta = args
+        # A constraint may sit on the Annotated itself or inside a pydantic FieldInfo's metadata.
+        items = [m for x in meta for m in (getattr(x, "metadata", None) or [x])]
+        bounds = [f"{op} {getattr(m, attr)}" for m in items for attr, op in _BOUNDS if getattr(m, attr, None) is not None]
+        return _type_name(base) + (f" ({', '.join(bounds)})" if bounds else "")
     if origin is typing.Literal:
-        return " | ".join(repr(a) for a in typing.get_args(annotation))
+        return " | ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping"
-    if origin is not None or not isinstance(annotation, type):
-        return str(annotation).replace("typing.", "")
-    return annotation.__name__
+    if origin is not None:
+        names = ['...' if a is Ellipsis else _type_name(a) for a in args]
+        return f"{getattr(origin, '__name__', str(origin))}[{', '.join(names)}]"
+    if annotation is type(None):
+        return "None"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
 
 
 def _default(field: Any) -> str | None:

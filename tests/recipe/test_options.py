@@ -48,3 +48,19 @@ def test_the_command_prints_the_reference() -> None:
     assert {o["key"] for o in json.loads(listed.stdout)} == {o.key for o in recipe_options()}
     bare = subprocess.run([sys.executable, "-m", "cosycompile", "recipe"], capture_output=True, text=True, timeout=120)
     assert bare.returncode == 2 and "--options" in bare.stderr
+
+
+def test_types_read_as_a_recipe_writer_writes_them() -> None:
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    from cosycompile.recipe.options import _type_name
+
+    assert _type_name(list[Annotated[int, Field(ge=1, le=256)]]) == "list[int (>= 1, <= 256)]"
+    assert _type_name(tuple[Literal["a", "b"], ...]) == "tuple['a' | 'b', ...]"
+    assert _type_name(dict[str, float | None]) == "dict[str, float | None]"
+    # No type in the whole reference prints as Python's repr of its annotation.
+    from cosycompile.recipe.options import recipe_options
+
+    assert not [o.key for o in recipe_options() if "FieldInfo" in o.type or "Annotated" in o.type or "typing" in o.type]
