@@ -1,9 +1,10 @@
 """CosyVoice2 (CosyVoice2-0.5B): a Qwen2 LM, a causal conformer + 1-D UNet CFM flow, the HiFT vocoder.
 
 What is this family's own sits in this folder: the networks with upstream's state-dict keys
-(``qwen2lm.py``, ``flow*.py``, ``hift.py``), the safe reader of ``cosyvoice2.yaml`` (``yaml_safe.py``,
-``config.py``), the model dir's layout check (``layout.py``), the loader and the built-in models
-(``loader.py``) and the stage runtimes (``runtimes.py``). This file stays light: no torch.
+(``qwen2lm.py``, ``flow*.py``; the HiFT vocoder is upstream's shared class, ``families/hift.py``), the
+safe reader of ``cosyvoice2.yaml`` (``yaml_safe.py``, ``config.py``), the model dir's layout check
+(``layout.py``), the loader and the built-in models (``loader.py``) and the stage runtimes
+(``runtimes.py``). This file stays light: no torch.
 """
 
 from __future__ import annotations

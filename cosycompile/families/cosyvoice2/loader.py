@@ -60,7 +60,7 @@ def build_flow(cfg: ModelConfig) -> nn.Module:
 
 
 def build_hift(cfg: ModelConfig) -> nn.Module:
-    from .hift import HiFTGenerator
+    from cosycompile.families.hift import HiFTGenerator
 
     return HiFTGenerator(cfg.hift)
 

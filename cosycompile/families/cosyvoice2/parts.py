@@ -45,7 +45,7 @@ def flow_parts(models: Any) -> Parts:
 
 def hift_parts(models: Any) -> Parts:
     """The vocoder up to the iSTFT, and the iSTFT's and source's constants."""
-    from .hift import HiFTNetStep
+    from cosycompile.families.hift import HiFTNetStep
 
     c = models.config.hift
     spf = int(np.prod(c.upsample_rates)) * c.istft_hop_len

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cosycompile.families.hift_config import HiFTConfig as BaseHiFTConfig
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -97,29 +99,12 @@ class FlowConfig:
 
 
 @dataclass(frozen=True)
-class HiFTConfig:
-    """CausalHiFTGenerator with its CausalConvRNNF0Predictor (yaml ``hift``)."""
+class HiFTConfig(BaseHiFTConfig):
+    """CausalHiFTGenerator with its CausalConvRNNF0Predictor (yaml ``hift``): the shared settings plus
+    the causal ones."""
 
-    in_channels: int = 80
-    base_channels: int = 512
-    nb_harmonics: int = 8
-    sampling_rate: int = 24000
-    nsf_alpha: float = 0.1
-    nsf_sigma: float = 0.003
-    nsf_voiced_threshold: float = 10.0
-    upsample_rates: tuple[int, ...] = (8, 5, 3)
-    upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
-    istft_n_fft: int = 16
-    istft_hop_len: int = 4
-    resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
-    resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
-    source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
-    lrelu_slope: float = 0.1
-    audio_limit: float = 0.99
     conv_pre_look_right: int = 4
     f0_num_class: int = 1
-    f0_cond_channels: int = 512
     # Upstream runs the F0 predictor in float64 ("precision is crucial for causal inference").
     f0_float64: bool = True
     # The causal source reads fixed noise drawn at construction (300 s at 24 kHz upstream); here it is

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cosycompile.families.cosyvoice2.hift import HiFTNetStep, SineGen2
+from cosycompile.families.hift import HiFTNetStep, SineGen2
 
 
 def _mel(T: int, seed: int = 0) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""CosyVoice2's vocoder: HiFTGenerator (neural source filter + iSTFTNet), 480 samples per mel frame.
+"""Upstream's HiFT vocoder, ``cosyvoice/hifigan/generator.py::HiFTGenerator`` (neural source filter +
+iSTFTNet): CosyVoice2's (24 kHz, 480 samples per mel frame), and the class the first generation uses
+too, so it sits beside the families rather than in one of them.
 
 Keys follow upstream, with weight norm as parametrizations (``*.parametrizations.weight.original0``
 is the gain g, ``original1`` the direction v); the loader also accepts old-style ``weight_g``/``weight_v``.
@@ -16,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.parametrizations import weight_norm
 
-from .config import HiFTConfig
+from cosycompile.families.hift_config import HiFTConfig
 
 
 def _padding(kernel: int, dilation: int = 1) -> int:
