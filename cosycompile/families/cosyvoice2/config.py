@@ -10,40 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cosycompile.families.hift_config import HiFTConfig
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """CosyVoice's repetition-aware sampling (``ras_sampling``) settings from the yaml."""
-
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
-
-
-@dataclass(frozen=True)
-class LLMConfig:
-    """Qwen2 body (from CosyVoice-BlankEN/config.json) plus CosyVoice's speech heads."""
-
-    hidden_size: int = 896
-    num_layers: int = 24
-    num_heads: int = 14
-    num_kv_heads: int = 2
-    intermediate_size: int = 4864
-    vocab_size: int = 151936
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = True
-    # Decoding (Qwen2LM.inference defaults and the yaml's sampling entry).
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+from cosycompile.families.qwen2_config import Qwen2LMConfig as LLMConfig
 
 
 @dataclass(frozen=True)

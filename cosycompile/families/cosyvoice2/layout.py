@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Sequence
 
 from cosycompile.families.model_dir import check_model_files, check_onnx_models
-from . import CONFIG_FILE, QWEN_DIR
+from cosycompile.families.qwen2_layout import QWEN_DIR
+
+from . import CONFIG_FILE
 
 FRONTEND_MODELS = {"campplus.onnx": "speaker embedding (CAM++) of the front end",
                    "speech_tokenizer_v2.onnx": "speech tokenizer of the front end"}

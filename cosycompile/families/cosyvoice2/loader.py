@@ -18,7 +18,9 @@ from cosycompile.errors import ModelError
 from cosycompile.families.checkpoints import (check_family_checkpoint, init_weights, load_family_models, normalize_hift_keys,
                                               staged_dir, voice_f0_predictor, write_builtin_marker,
                                               write_frontend_standins, write_qwen_config, write_seeded_checkpoints)
-from . import CONFIG_FILE, PLUGIN, QWEN_DIR
+from cosycompile.families.qwen2_layout import QWEN_DIR
+
+from . import CONFIG_FILE, PLUGIN
 from .config import PRESETS, ModelConfig
 from cosycompile.families.hyperyaml import cfm_head_yaml, flow_head_yaml, header_yaml, hift_yaml, llm_yaml
 from .yaml_safe import read_model_config

@@ -72,7 +72,7 @@ def llm_vocab(cfg: Any) -> dict[str, Any]:
     """CosyVoice2's speech vocabulary after the text ids (``FamilyInfo.llm_vocab``), offsets from the
     first speech id: the S speech tokens, the three stop tokens (``llm_decoder``'s S+3 rows, the first
     masked before the minimum length), then sos and task_id from ``llm_embedding`` (S+5 rows)."""
-    from . import QWEN_DIR
+    from cosycompile.families.qwen2_layout import QWEN_DIR
 
     S = cfg.speech_token_size
     return {"speech_token_size": S, "rows": S + 5, "head_rows": S + 3, "stop": [S, S + 1, S + 2], "eos": S,

@@ -16,8 +16,11 @@ from pathlib import Path
 from cosycompile.errors import ModelError
 from cosycompile.families.hyperyaml import (Section, Tagged, args, check_llm_sizes, hift_fields, load_inert_yaml,
                                             qwen2_fields, read_cosyvoice_yaml, sampling_fields)
-from . import CONFIG_FILE, QWEN_DIR
-from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig, SamplingConfig
+from cosycompile.families.qwen2_config import SamplingConfig
+from cosycompile.families.qwen2_layout import QWEN_DIR
+
+from . import CONFIG_FILE
+from .config import FlowConfig, HiFTConfig, LLMConfig, ModelConfig
 
 # The generic reader's names, as this module has always offered them.
 __all__ = ["Tagged", "args", "load_inert_yaml", "read_cosyvoice_yaml", "read_model_config"]

@@ -10,25 +10,18 @@ built-in models (``loader.py``) and the stage runtimes (``runtimes.py``). This f
 from __future__ import annotations
 
 from cosycompile.families import FamilyInfo
+from cosycompile.families.qwen2_layout import qwen2_family_files
 
-QWEN_DIR = "CosyVoice-BlankEN"
 CONFIG_FILE = "cosyvoice3.yaml"
 SPEECH_TOKENIZER = "speech_tokenizer_v3.onnx"
 
 PLUGIN = FamilyInfo(
     summary="Fun-CosyVoice3-0.5B: Qwen2 LM, DiT CFM flow with pre-look-ahead, causal HiFT vocoder (24 kHz)",
-    config_file=CONFIG_FILE,
     builtins=("cv3-tiny", "cv3-random-0.5b"),
     tiny_builtin="cv3-tiny",
-    stage_files={"llm": (CONFIG_FILE, "llm.pt", f"{QWEN_DIR}/config.json"),
-                 "flow": (CONFIG_FILE, "flow.pt"), "hift": (CONFIG_FILE, "hift.pt")},
-    frontend_files=("campplus.onnx", SPEECH_TOKENIZER, "builtin.json",
-                    f"{QWEN_DIR}/tokenizer_config.json", f"{QWEN_DIR}/vocab.json",
-                    f"{QWEN_DIR}/merges.txt", f"{QWEN_DIR}/tokenizer.json"),
-    bundle_files=(f"{QWEN_DIR}/config.json", f"{QWEN_DIR}/special_tokens_map.json", f"{QWEN_DIR}/added_tokens.json"),
+    **qwen2_family_files(CONFIG_FILE, SPEECH_TOKENIZER),
     runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
     parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": ".parts:hift_parts"},
-    speech_tokenizer=SPEECH_TOKENIZER,
     # Upstream's examples start every prompt text with this instruction (cosyvoice/cli/frontend.py asserts
     # the marker is in the text or the prompt text).
     prompt_instruction="You are a helpful assistant.<|endofprompt|>",

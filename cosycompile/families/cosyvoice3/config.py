@@ -12,45 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cosycompile.families.hift_config import HiFTConfig as BaseHiFTConfig
+from cosycompile.families.qwen2_config import Qwen2LMConfig
 
 
 @dataclass(frozen=True)
-class SamplingConfig:
-    """The yaml's ``ras_sampling`` settings (repetition-aware sampling)."""
+class LMConfig(Qwen2LMConfig):
+    """CosyVoice3LM: the shared Qwen2 LM settings plus a 6,561 + 200 row speech vocabulary (its head has
+    no bias)."""
 
-    top_p: float = 0.8
-    top_k: int = 25
-    win_size: int = 10
-    tau_r: float = 0.1
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    """CosyVoice3LM: a Qwen2 body plus a 6,561 + 200 row speech vocabulary and a bias-free head."""
-
-    # Qwen2 body (CosyVoice-BlankEN/config.json of the 0.5B model).
-    hidden_size: int = 896
-    num_layers: int = 24
-    num_heads: int = 14
-    num_kv_heads: int = 2
-    intermediate_size: int = 4864
-    vocab_size: int = 151936
-    rope_theta: float = 1_000_000.0
-    rms_norm_eps: float = 1e-6
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = True
     # Speech side (yaml: speech_token_size; llm.py: the 200 extra rows for special tokens).
     speech_token_size: int = 6561
     extra_speech_rows: int = 200
-    # Decoding (Qwen2LM.inference defaults and the yaml's sampling entry).
-    min_token_text_ratio: float = 2.0
-    max_token_text_ratio: float = 20.0
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head width of the Qwen2 attention."""
-        return self.hidden_size // self.num_heads
 
 
 @dataclass(frozen=True)

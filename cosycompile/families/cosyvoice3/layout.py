@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Sequence
 
 from cosycompile.families.model_dir import check_model_files, check_onnx_models
-from . import CONFIG_FILE, QWEN_DIR, SPEECH_TOKENIZER
+from cosycompile.families.qwen2_layout import QWEN_DIR
+
+from . import CONFIG_FILE, SPEECH_TOKENIZER
 
 FRONTEND_MODELS = {"campplus.onnx": "speaker embedding (CAM++) of the front end",
                    SPEECH_TOKENIZER: "speech tokenizer of the front end"}

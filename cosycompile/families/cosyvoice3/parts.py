@@ -62,7 +62,7 @@ def llm_vocab(cfg: Any) -> dict[str, Any]:
     task_id S+2 (rows of the speech embedding, so the prefix is ids of that vocabulary); every row
     from S on stops decoding; upstream masks row S (sos) before the minimum length, kept as it runs.
     Names as upstream's ``convert_cosyvoice3_to_hf.py``: ``<|s_N|>`` but sos, eos1, task_id, fill."""
-    from . import QWEN_DIR
+    from cosycompile.families.qwen2_layout import QWEN_DIR
     from .text_tokens import SPECIAL_TOKENS
 
     c = cfg.lm

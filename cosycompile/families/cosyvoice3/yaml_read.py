@@ -18,8 +18,11 @@ from pathlib import Path
 from cosycompile.errors import ModelError
 from cosycompile.families.hyperyaml import (Section, check_llm_sizes, hift_fields, qwen2_fields, read_cosyvoice_yaml,
                                             sampling_fields)
-from . import CONFIG_FILE, QWEN_DIR
-from .config import CosyVoice3Config, DiTConfig, FlowConfig, HiFTConfig, LMConfig, SamplingConfig
+from cosycompile.families.qwen2_config import SamplingConfig
+from cosycompile.families.qwen2_layout import QWEN_DIR
+
+from . import CONFIG_FILE
+from .config import CosyVoice3Config, DiTConfig, FlowConfig, HiFTConfig, LMConfig
 
 FAMILY = "CosyVoice3"
 
