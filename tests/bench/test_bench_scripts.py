@@ -76,7 +76,7 @@ def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
 
 
 def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None:
-    res = _bench("first_chunk.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
+    res = _bench("studies/first_chunk.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
                  "--rounds", "3", "--min-seconds", "0", "--artifacts", str(tmp_path), "--results", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = json.loads((tmp_path / "first_chunk-cpu-fp32.json").read_text())

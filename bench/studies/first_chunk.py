@@ -25,7 +25,7 @@ to see which one moved.
 The engines are the ones ``bench/end_to_end.py`` builds (same recipe body, same artifacts dir), so
 after ``make bench`` nothing is rebuilt.
 
-Usage: python bench/first_chunk.py [--recipe recipes/cpu-int8.yaml] [--min-seconds 120] [--rounds 5]
+Usage: python bench/studies/first_chunk.py [--recipe recipes/cpu-int8.yaml] [--min-seconds 120] [--rounds 5]
 Writes artifacts/bench/first_chunk-<recipe>.json (``--results``) and prints a Markdown table.
 """
 
@@ -39,9 +39,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for builtin_models
 from builtin_models import BENCH_CALIBRATION, build_steps, machine, machine_probes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 STAGES = ("llm", "flow", "hift")
 PARTS = ("prefill", "llm", "flow", "hift")

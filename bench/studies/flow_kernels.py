@@ -15,7 +15,7 @@ of 64, ``--frames`` frames):
   ``--min-seconds`` each, with the largest output difference. Kernels timed alone spread widely from
   pair to pair, so the whole call is the figure.
 
-Usage: python bench/flow_kernels.py [--recipe recipes/cpu-fast.yaml] [--frames 632] [--pairs 15]
+Usage: python bench/studies/flow_kernels.py [--recipe recipes/cpu-fast.yaml] [--frames 632] [--pairs 15]
        [--min-seconds 30]
 Writes artifacts/bench/flow_kernels.json and prints Markdown tables.
 """
@@ -30,9 +30,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for builtin_models
 from builtin_models import add_min_seconds, estimator_inputs, machine, machine_probes, rewrite_variants
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 HEADS, HEAD_DIM = 8, 64

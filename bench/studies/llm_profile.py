@@ -6,7 +6,7 @@ ONNX Runtime's profiler on (per-operator kernel time a step; the profiler inflat
 compare rows, not the sum with the unprofiled step). The stacked cache (``--rewrites attention mish``)
 shows what the ``kv_cache`` rewrite removes: Split, Concat and Reshape time that grows with the cache.
 
-Usage: python bench/llm_profile.py [--recipe recipes/cpu-fast.yaml] [--rewrites attention mish kv_cache]
+Usage: python bench/studies/llm_profile.py [--recipe recipes/cpu-fast.yaml] [--rewrites attention mish kv_cache]
        [--past 0 300 600] [--steps 40]
 Writes artifacts/bench/llm_profile.json and prints a Markdown table.
 """
@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for builtin_models
 from builtin_models import machine, rewrite_variants
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 

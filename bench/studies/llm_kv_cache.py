@@ -9,7 +9,7 @@ twice, with the backend's rewrites ``[attention, mish]`` (the stacked cache) and
 least ``--min-seconds`` per cache length, with the largest logit difference between the two
 (the rewrite is exact, so it should be 0).
 
-Usage: python bench/llm_kv_cache.py [--recipe recipes/cpu-fast.yaml] [--past 100 300 600] [--tokens 64]
+Usage: python bench/studies/llm_kv_cache.py [--recipe recipes/cpu-fast.yaml] [--past 100 300 600] [--tokens 64]
        [--min-seconds 30]
 Writes artifacts/bench/llm_kv_cache.json and prints a Markdown table.
 """
@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for builtin_models
 from builtin_models import add_min_seconds, machine, rewrite_variants
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 VARIANTS = {"stacked": ["attention", "mish"], "per-layer": ["attention", "mish", "kv_cache"]}
