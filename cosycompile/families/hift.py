@@ -155,18 +155,24 @@ class SineGen2(nn.Module):
 
 
 class SourceModuleHnNSF(nn.Module):
-    """Harmonic-plus-noise source: sine harmonics merged into one excitation by a linear + tanh."""
+    """Harmonic-plus-noise source: sine harmonics merged into one excitation by a linear + tanh.
+
+    ``sine_gen`` is the class of its sine generator, for a family whose source differs only there.
+    """
+
+    sine_gen: type[nn.Module] = SineGen2
 
     def __init__(self, cfg: HiFTConfig, upsample_scale: int) -> None:
         super().__init__()
-        self.l_sin_gen = SineGen2(cfg.sampling_rate, upsample_scale, cfg.nb_harmonics, cfg.nsf_alpha, cfg.nsf_sigma,
-                                  cfg.nsf_voiced_threshold)
+        self.l_sin_gen = self.sine_gen(cfg.sampling_rate, upsample_scale, cfg.nb_harmonics, cfg.nsf_alpha,
+                                       cfg.nsf_sigma, cfg.nsf_voiced_threshold)
         self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
         self.l_tanh = nn.Tanh()
 
     def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
                 noise: torch.Tensor | None = None) -> torch.Tensor:
         return self.l_tanh(self.l_linear(self.l_sin_gen(f0, rand_ini, noise)))
+
 
 
 class HiFTGenerator(nn.Module):

@@ -25,6 +25,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
+from cosycompile.families.hift import SourceModuleHnNSF as SharedSourceModuleHnNSF
+
 from .config import HiFTConfig
 
 
@@ -181,18 +183,14 @@ class SineGen2(nn.Module):
         return sines * uv + noise, uv
 
 
-class SourceModuleHnNSF(nn.Module):
-    """Harmonic-plus-noise source: the sines merged into one excitation by a linear layer and tanh.
+class SourceModuleHnNSF(SharedSourceModuleHnNSF):
+    """The shared harmonic-plus-noise source over this module's causal :class:`SineGen2`, whose noise
+    is fixed rather than drawn per call.
 
     (Upstream also returns a noise branch, drawn from a fixed ``uv`` tensor; the generator never reads it.)
     """
 
-    def __init__(self, cfg: HiFTConfig, upsample_scale: int) -> None:
-        super().__init__()
-        self.l_sin_gen = SineGen2(cfg.sampling_rate, upsample_scale, cfg.nb_harmonics, cfg.nsf_alpha, cfg.nsf_sigma,
-                                  cfg.nsf_voiced_threshold)
-        self.l_linear = nn.Linear(cfg.nb_harmonics + 1, 1)
-        self.l_tanh = nn.Tanh()
+    sine_gen = SineGen2
 
     def forward(self, f0: torch.Tensor, rand_ini: torch.Tensor | None = None,
                 sine_waves: torch.Tensor | None = None) -> torch.Tensor:
