@@ -68,7 +68,7 @@ def in_pipeline_order(stages: Mapping[str, StageRuntime]) -> dict[str, StageRunt
 
 
 class Pipeline:
-    """The stage runtimes in pipeline order (the stage registry's); timings per stage on every call.
+    """The stage runtimes in pipeline order (see :func:`in_pipeline_order`); timings per stage on every call.
 
     A stage runtime is also reachable as an attribute by its stage name (``pipe.flow``), for callers
     that time or drive one stage.
