@@ -11,6 +11,8 @@ deterministic for comparisons and exportable with the randomness as graph inputs
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -175,6 +177,69 @@ class SourceModuleHnNSF(nn.Module):
 
 
 
+@dataclass(frozen=True)
+class DecoderConvs:
+    """How a generation builds its decoder's convolutions (plain here, causal in CosyVoice3); the
+    layers they make keep upstream's names, so checkpoints load into either."""
+
+    conv_pre: Callable[[int, int], nn.Module]  # (in, out)
+    up: Callable[[int, int, int, int], nn.Module]  # (in, out, kernel, rate)
+    source_down: Callable[[int, int, int], nn.Module]  # (in, out, rate)
+    resblock: Callable[[int, int, tuple[int, ...]], nn.Module]  # (channels, kernel, dilations)
+    conv_post: Callable[[int, int], nn.Module]  # (in, out)
+
+
+def add_decoder_layers(gen: nn.Module, cfg: HiFTConfig, convs: DecoderConvs) -> None:
+    """Give ``gen`` the iSTFTNet decoder's layers (read by :func:`upsample_with_source`): the input
+    conv, the upsampling convs, the source's downsampling convs and resblocks, the resblocks and the
+    output conv. ``gen`` must already hold ``n_fft`` and ``num_upsamples``."""
+    base = cfg.base_channels
+    gen.conv_pre = weight_norm(convs.conv_pre(cfg.in_channels, base))
+    gen.ups = nn.ModuleList(
+        weight_norm(convs.up(base // 2**i, base // 2 ** (i + 1), k, u))
+        for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
+    down_rates = [1] + list(cfg.upsample_rates[::-1][:-1])
+    cum = np.cumprod(down_rates)[::-1]
+    gen.source_downs = nn.ModuleList()
+    gen.source_resblocks = nn.ModuleList()
+    for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
+        ch = base // 2 ** (i + 1)
+        gen.source_downs.append(convs.source_down(gen.n_fft + 2, ch, int(u)))
+        gen.source_resblocks.append(convs.resblock(ch, k, tuple(d)))
+    gen.resblocks = nn.ModuleList(
+        convs.resblock(base // 2 ** (i + 1), k, tuple(d)) for i in range(gen.num_upsamples)
+        for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
+    gen.conv_post = weight_norm(convs.conv_post(base // 2**gen.num_upsamples, gen.n_fft + 2))
+    gen.reflection_pad = nn.ReflectionPad1d((1, 0))
+
+
+def add_stft_basis(gen: nn.Module, window: torch.Tensor) -> None:
+    """Register ``window`` and the Hann-windowed real DFT as conv weights (``stft_basis``): torch.stft's
+    complex output does not export to ONNX, a strided conv with the same numbers does."""
+    gen.register_buffer("stft_window", window, persistent=False)
+    n = torch.arange(gen.n_fft, dtype=torch.float64)[None, :]
+    k = torch.arange(gen.n_fft // 2 + 1, dtype=torch.float64)[:, None]
+    ang = 2 * math.pi * k * n / gen.n_fft
+    basis = torch.cat([torch.cos(ang), -torch.sin(ang)], dim=0) * window.double()
+    gen.register_buffer("stft_basis", basis.float()[:, None, :], persistent=False)
+
+
+def upsample_with_source(gen: nn.Module, x: torch.Tensor, s_stft: torch.Tensor, slope: float) -> torch.Tensor:
+    """The body both generations' generators share: each upsampling layer adds the NSF source's STFT,
+    brought down to its rate, then averages its multi-receptive-field resblocks; ``gen`` holds the
+    layers under upstream's names. Returns ``conv_post``'s output (log-magnitude and phase channels)."""
+    for i in range(gen.num_upsamples):
+        x = gen.ups[i](F.leaky_relu(x, slope))
+        if i == gen.num_upsamples - 1:
+            x = gen.reflection_pad(x)
+        x = x + gen.source_resblocks[i](gen.source_downs[i](s_stft))
+        xs = gen.resblocks[i * gen.num_kernels](x)
+        for j in range(1, gen.num_kernels):
+            xs = xs + gen.resblocks[i * gen.num_kernels + j](x)
+        x = xs / gen.num_kernels
+    return gen.conv_post(F.leaky_relu(x))
+
+
 class HiFTGenerator(nn.Module):
     """HiFT vocoder: mel -> F0 -> NSF source -> iSTFTNet decoder -> 24 kHz waveform."""
 
@@ -185,37 +250,17 @@ class HiFTGenerator(nn.Module):
         self.upsample_scale = int(np.prod(cfg.upsample_rates)) * self.hop
         self.num_kernels = len(cfg.resblock_kernel_sizes)
         self.num_upsamples = len(cfg.upsample_rates)
-        base = cfg.base_channels
         self.m_source = SourceModuleHnNSF(cfg, self.upsample_scale)
         self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
-        self.conv_pre = weight_norm(nn.Conv1d(cfg.in_channels, base, 7, 1, padding=3))
-        self.ups = nn.ModuleList(
-            weight_norm(nn.ConvTranspose1d(base // 2**i, base // 2 ** (i + 1), k, u, padding=(k - u) // 2))
-            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
-        down_rates = [1] + list(cfg.upsample_rates[::-1][:-1])
-        cum = np.cumprod(down_rates)[::-1]
-        self.source_downs = nn.ModuleList()
-        self.source_resblocks = nn.ModuleList()
-        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
-            ch = base // 2 ** (i + 1)
-            u = int(u)
-            self.source_downs.append(nn.Conv1d(self.n_fft + 2, ch, 1, 1) if u == 1
-                                     else nn.Conv1d(self.n_fft + 2, ch, u * 2, u, padding=u // 2))
-            self.source_resblocks.append(ResBlock(ch, k, d))
-        self.resblocks = nn.ModuleList(
-            ResBlock(base // 2 ** (i + 1), k, d) for i in range(self.num_upsamples)
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
-        self.conv_post = weight_norm(nn.Conv1d(base // 2**self.num_upsamples, self.n_fft + 2, 7, 1, padding=3))
-        self.reflection_pad = nn.ReflectionPad1d((1, 0))
+        add_decoder_layers(self, cfg, DecoderConvs(
+            conv_pre=lambda cin, cout: nn.Conv1d(cin, cout, 7, 1, padding=3),
+            up=lambda cin, cout, k, u: nn.ConvTranspose1d(cin, cout, k, u, padding=(k - u) // 2),
+            source_down=lambda cin, cout, u: (nn.Conv1d(cin, cout, 1, 1) if u == 1
+                                              else nn.Conv1d(cin, cout, u * 2, u, padding=u // 2)),
+            resblock=ResBlock,
+            conv_post=lambda cin, cout: nn.Conv1d(cin, cout, 7, 1, padding=3)))
         self.f0_predictor = ConvRNNF0Predictor(1, cfg.in_channels, cfg.f0_cond_channels)
-        window = torch.hann_window(self.n_fft, periodic=True)
-        self.register_buffer("stft_window", window, persistent=False)
-        # A Hann-windowed real DFT as conv weights: torch.stft does not export to ONNX, a conv does.
-        n = torch.arange(self.n_fft, dtype=torch.float64)
-        k = torch.arange(self.n_fft // 2 + 1, dtype=torch.float64)[:, None]
-        ang = 2 * math.pi * k * n / self.n_fft
-        basis = torch.cat([torch.cos(ang), -torch.sin(ang)], dim=0) * window.double()
-        self.register_buffer("stft_basis", basis.float()[:, None, :], persistent=False)
+        add_stft_basis(self, torch.hann_window(self.n_fft, periodic=True))
 
     def stft(self, x: torch.Tensor) -> torch.Tensor:
         """[B, L] -> [B, n_fft+2, L/hop+1] (real rows, then imaginary), = torch.stft(center=True)."""
@@ -231,18 +276,7 @@ class HiFTGenerator(nn.Module):
 
     def spectrum(self, mel: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(magnitude, phase) [B, n_fft/2+1, frames] that the iSTFT turns into audio."""
-        s_stft = self.stft(s[:, 0])
-        x = self.conv_pre(mel)
-        for i in range(self.num_upsamples):
-            x = self.ups[i](F.leaky_relu(x, self.cfg.lrelu_slope))
-            if i == self.num_upsamples - 1:
-                x = self.reflection_pad(x)
-            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
-            xs = self.resblocks[i * self.num_kernels](x)
-            for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x)
-            x = xs / self.num_kernels
-        x = self.conv_post(F.leaky_relu(x))
+        x = upsample_with_source(self, self.conv_pre(mel), self.stft(s[:, 0]), self.cfg.lrelu_slope)
         half = self.n_fft // 2 + 1
         magnitude = torch.clamp(torch.exp(x[:, :half]), max=1e2)
         return magnitude, torch.sin(x[:, half:])

@@ -10,7 +10,7 @@ reference for all quantizers to read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,11 +108,27 @@ def formats_for(stage: str, backend: str, consumes: str = "onnx") -> list[str]:
     return out
 
 
-def method_problem(fmt: str, method: str | None, methods: dict[str, tuple[str, ...]]) -> tuple[str, str] | None:
-    """("method", reason) when ``method`` is not one of the calibration methods of ``fmt``, else None."""
-    if method is not None and method not in methods[fmt]:
-        return "method", f"format '{fmt}' cannot use method '{method}' (supported: {', '.join(methods[fmt])})"
-    return None
+class CalibratedSpec(BaseModel):
+    """A quantizer spec whose ``format`` chooses among calibration methods (its optional ``method``).
+
+    Subclasses set ``METHODS``: format -> the methods it accepts, the first being its default.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    METHODS: ClassVar[dict[str, tuple[str, ...]]] = {}
+
+    @property
+    def resolved_method(self) -> str:
+        """The recipe's method, or the format's default."""
+        return self.method or self.METHODS[self.format][0]  # type: ignore[attr-defined]
+
+    def method_problem(self) -> tuple[str, str] | None:
+        """("method", reason) when the recipe's method is not one its format accepts, else None."""
+        fmt, method = self.format, self.method  # type: ignore[attr-defined]
+        if method is not None and method not in self.METHODS[fmt]:
+            return "method", f"format '{fmt}' cannot use method '{method}' (supported: {', '.join(self.METHODS[fmt])})"
+        return None
 
 
 def target_problem(fmt: str, target: Target) -> str | None:

@@ -16,8 +16,6 @@ build must keep this op in FP32 (the guard belongs to the build, not here).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -26,6 +24,7 @@ from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
 from cosycompile.families.hift import SourceModuleHnNSF as SharedSourceModuleHnNSF
+from cosycompile.families.hift import DecoderConvs, add_decoder_layers, add_stft_basis, upsample_with_source
 
 from .config import HiFTConfig
 
@@ -212,38 +211,17 @@ class CausalHiFTGenerator(nn.Module):
         self.num_upsamples = len(cfg.upsample_rates)
         self.lrelu_slope, self.audio_limit = cfg.lrelu_slope, cfg.audio_limit
         self.conv_pre_look_right = cfg.conv_pre_look_right
-        base = cfg.base_channels
         self.m_source = SourceModuleHnNSF(cfg, self.upsample_scale)
         self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
-        self.conv_pre = weight_norm(CausalConv1d(cfg.in_channels, base, cfg.conv_pre_look_right + 1,
-                                                 causal_type="right"))
-        self.ups = nn.ModuleList(
-            weight_norm(CausalConv1dUpsample(base // 2**i, base // 2 ** (i + 1), k, u))
-            for i, (u, k) in enumerate(zip(cfg.upsample_rates, cfg.upsample_kernel_sizes)))
-        down_rates = [1] + list(cfg.upsample_rates[::-1][:-1])
-        cum = np.cumprod(down_rates)[::-1]
-        self.source_downs = nn.ModuleList()
-        self.source_resblocks = nn.ModuleList()
-        for i, (u, k, d) in enumerate(zip(cum, cfg.source_resblock_kernel_sizes, cfg.source_resblock_dilation_sizes)):
-            ch, u = base // 2 ** (i + 1), int(u)
-            self.source_downs.append(CausalConv1d(self.n_fft + 2, ch, 1) if u == 1
-                                     else CausalConv1dDownSample(self.n_fft + 2, ch, u * 2, u))
-            self.source_resblocks.append(ResBlock(ch, k, tuple(d)))
-        self.resblocks = nn.ModuleList(
-            ResBlock(base // 2 ** (i + 1), k, tuple(d)) for i in range(self.num_upsamples)
-            for k, d in zip(cfg.resblock_kernel_sizes, cfg.resblock_dilation_sizes))
-        self.conv_post = weight_norm(CausalConv1d(base // 2**self.num_upsamples, self.n_fft + 2, 7))
-        self.reflection_pad = nn.ReflectionPad1d((1, 0))
+        add_decoder_layers(self, cfg, DecoderConvs(
+            conv_pre=lambda cin, cout: CausalConv1d(cin, cout, cfg.conv_pre_look_right + 1, causal_type="right"),
+            up=CausalConv1dUpsample,
+            source_down=lambda cin, cout, u: (CausalConv1d(cin, cout, 1) if u == 1
+                                              else CausalConv1dDownSample(cin, cout, u * 2, u)),
+            resblock=ResBlock,
+            conv_post=lambda cin, cout: CausalConv1d(cin, cout, 7)))
         # Periodic Hann (scipy's get_window("hann", n, fftbins=True)), computed in float64 then rounded.
-        window = torch.hann_window(self.n_fft, periodic=True, dtype=torch.float64).float()
-        self.register_buffer("stft_window", window, persistent=False)
-        # The STFT as a strided convolution with the windowed DFT basis (float64, then rounded): the same
-        # numbers as torch.stft, and a graph every exporter takes (complex STFT outputs do not export to ONNX).
-        n = torch.arange(self.n_fft, dtype=torch.float64)[None, :]
-        k = torch.arange(self.n_fft // 2 + 1, dtype=torch.float64)[:, None]
-        ang = 2 * math.pi * k * n / self.n_fft
-        basis = torch.cat([torch.cos(ang), -torch.sin(ang)], dim=0) * window.double()
-        self.register_buffer("stft_basis", basis.float()[:, None, :], persistent=False)
+        add_stft_basis(self, torch.hann_window(self.n_fft, periodic=True, dtype=torch.float64).float())
         self.f0_predictor = CausalConvRNNF0Predictor(cfg.f0_num_class, cfg.in_channels, cfg.f0_cond_channels)
 
     # -- the source's fixed randomness -------------------------------------------------------------
@@ -310,17 +288,7 @@ class CausalHiFTGenerator(nn.Module):
             x = self.conv_pre(x[:, :, :-k], x[:, :, -k:])
             cut = int(np.prod(self.upsample_rates) * k)
             s_real, s_imag = s_real[:, :, :-cut], s_imag[:, :, :-cut]
-        s_stft = torch.cat([s_real, s_imag], dim=1)
-        for i in range(self.num_upsamples):
-            x = self.ups[i](F.leaky_relu(x, self.lrelu_slope))
-            if i == self.num_upsamples - 1:
-                x = self.reflection_pad(x)
-            x = x + self.source_resblocks[i](self.source_downs[i](s_stft))
-            xs = self.resblocks[i * self.num_kernels](x)
-            for j in range(1, self.num_kernels):
-                xs = xs + self.resblocks[i * self.num_kernels + j](x)
-            x = xs / self.num_kernels
-        x = self.conv_post(F.leaky_relu(x))
+        x = upsample_with_source(self, x, torch.cat([s_real, s_imag], dim=1), self.lrelu_slope)
         half = self.n_fft // 2 + 1
         # sin() of the phase channels is upstream's (redundant under cos/sin, kept for equal numbers).
         return torch.exp(x[:, :half, :]), torch.sin(x[:, half:, :])

@@ -5,22 +5,21 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from cosycompile.quantize import QuantizerInfo, method_problem
+from cosycompile.quantize import CalibratedSpec, QuantizerInfo
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8": ("max", "entropy"),
     "fp8": ("max", "entropy"),
     "int4": ("awq_clip", "awq_lite", "rtn_dq"),
 }
-DEFAULT_METHOD = {"int8": "max", "fp8": "max", "int4": "awq_clip"}
 
 
-class Spec(BaseModel):
+class Spec(CalibratedSpec):
     """``stages.<flow|hift>.quantize`` for ModelOpt ONNX PTQ."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    METHODS = METHODS
 
     quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
     format: Literal["int8", "fp8", "int4"] = Field(description="the format the graphs are quantized to")
@@ -30,14 +29,10 @@ class Spec(BaseModel):
     high_precision_dtype: Literal["auto", "fp32", "fp16"] = Field(
         "auto", description="dtype of the non-quantized parts; auto = fp32 on CPUs, fp16 on GPUs")
 
-    @property
-    def resolved_method(self) -> str:
-        return self.method or DEFAULT_METHOD[self.format]
-
 
 def check(spec: Spec, stage: str) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors."""
-    problem = method_problem(spec.format, spec.method, METHODS)
+    problem = spec.method_problem()
     if problem:
         return problem
     if spec.block_size is not None and spec.format != "int4":

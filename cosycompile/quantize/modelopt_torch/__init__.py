@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from cosycompile.quantize import QuantizerInfo, method_problem
+from cosycompile.quantize import CalibratedSpec, QuantizerInfo
 
 METHODS: dict[str, tuple[str, ...]] = {
     "int8_sq": ("max",),
@@ -17,13 +17,12 @@ METHODS: dict[str, tuple[str, ...]] = {
     "w4a8_awq": ("awq_lite", "awq_full", "awq_clip"),
     "fp8": ("max",),
 }
-DEFAULT_METHOD = {"int8_sq": "max", "int8_wo": "max", "int4_awq": "awq_lite", "w4a8_awq": "awq_lite", "fp8": "max"}
 
 
-class Spec(BaseModel):
+class Spec(CalibratedSpec):
     """``stages.llm.quantize`` for ModelOpt PyTorch PTQ."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    METHODS = METHODS
 
     quantizer: str | None = Field(None, description="this quantizer (chosen by format when absent)")
     format: Literal["int8_sq", "int8_wo", "int4_awq", "w4a8_awq", "fp8"] = Field(
@@ -36,14 +35,10 @@ class Spec(BaseModel):
     exports: list[Literal["onnx", "hf", "trtllm"]] = Field(
         default_factory=lambda: ["onnx"], description="ONNX decode step (CPU), HF and/or TensorRT-LLM checkpoints")
 
-    @property
-    def resolved_method(self) -> str:
-        return self.method or DEFAULT_METHOD[self.format]
-
 
 def check(spec: Spec, stage: str) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors, so a recipe never carries a dead setting."""
-    problem = method_problem(spec.format, spec.method, METHODS)
+    problem = spec.method_problem()
     if problem:
         return problem
     if spec.method == "autoawq":
