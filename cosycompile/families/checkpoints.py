@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -94,14 +95,6 @@ def check_strict(path: Path, stage: str, build: Callable[[], nn.Module], normali
     match_state(path, stage, net.state_dict(), normalize(sd) if normalize is not None and isinstance(sd, dict) else sd)
 
 
-def check_family_checkpoint(model_dir: Path, stage: str, read_config: Callable[[Path], Any],
-                            builders: Mapping[str, Callable[[Any], nn.Module]], normalize: Mapping[str, Normalize]) -> None:
-    """A family's ``check_checkpoint``: its config read safely, then :func:`check_strict` of ``<stage>.pt``."""
-    model_dir = Path(model_dir)
-    cfg = read_config(model_dir)
-    check_strict(model_dir / f"{stage}.pt", stage, lambda: builders[stage](cfg), normalize.get(stage))
-
-
 def load_strict(path: Path, stage: str, net: nn.Module, normalize: Normalize | None = None) -> nn.Module:
     """``net`` with the state dict of ``path`` loaded strictly (``weights_only``), float32, eval mode."""
     sd = load_state(path)
@@ -130,33 +123,67 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_family_models(model_dir: Path | str, stages: Iterable[str], read_config: Callable[[Path], Any],
-                       builders: Mapping[str, Callable[[Any], nn.Module]], normalize: Mapping[str, Normalize],
-                       loaded: Callable[..., Any], init_model: Callable[[str, Path], Path]) -> Any:
-    """A family's ``load_models``: the networks of ``stages`` from a model dir, float32, eval mode, strictly loaded.
+@dataclass
+class LoadedModels:
+    """The networks of the requested stages (None for the others), eval mode, float32."""
 
-    The config is read with ``read_config`` (safely), each network built by ``builders[stage](config)``
-    and its ``<stage>.pt`` loaded with :func:`load_strict`; the result is ``loaded(config,
-    model_dir=...)`` with one attribute per stage. ``builtin:<name>`` is first written to a temporary
-    dir by the family's ``init_model`` and loaded from there, exactly like a real checkpoint (its
-    ``model_dir`` is then None: the dir is gone).
-    """
-    if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
-        with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
-            out = load_family_models(init_model(model_dir, Path(tmp) / "model"), stages, read_config, builders,
-                                     normalize, loaded, init_model)
-        out.model_dir = None
+    config: Any
+    family: str  # the registry name of the family that loaded them (its runtimes run them)
+    llm: Any = None
+    flow: Any = None
+    hift: Any = None
+    model_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class FamilyLoader:
+    """How one family's networks are built and loaded; its ``loader`` module exposes the three methods
+    as the family's ``load_models``, ``check_checkpoint`` and ``meta_network`` hooks."""
+
+    family: str  # registry name
+    read_config: Callable[[Path], Any]  # model dir -> config, read safely
+    builders: Mapping[str, Callable[[Any], nn.Module]]  # stage -> network of a config (random weights)
+    normalize: Mapping[str, Normalize]  # stage -> key spellings of older checkpoints mapped to the network's
+    builtin_config: Callable[[str], Any]  # built-in name -> its config
+    init_model: Callable[[str, Path], Path]  # writes ``builtin:<name>`` as a model dir
+
+    def check_checkpoint(self, model_dir: Path, stage: str) -> None:
+        """Cheap pre-flight check of ``<stage>.pt``: readable, keys and shapes those of the network (built
+        on the meta device, the file memory-mapped), so a bad file is reported before any build step."""
+        model_dir = Path(model_dir)
+        cfg = self.read_config(model_dir)
+        check_strict(model_dir / f"{stage}.pt", stage, lambda: self.builders[stage](cfg), self.normalize.get(stage))
+
+    def load_models(self, model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
+        """The networks of ``stages`` from a model dir, float32, eval mode, strictly loaded (a missing,
+        extra or mis-shaped key is a one-line :class:`ModelError` naming the file and the key).
+
+        ``builtin:<name>`` is first written to a temporary dir by ``init_model`` and loaded from there,
+        exactly like a real checkpoint (its ``model_dir`` is then None: the dir is gone).
+        """
+        if isinstance(model_dir, str) and model_dir.startswith("builtin:"):
+            with tempfile.TemporaryDirectory(prefix="cosycompile-builtin-") as tmp:
+                out = self.load_models(self.init_model(model_dir, Path(tmp) / "model"), stages)
+            out.model_dir = None
+            return out
+        model_dir = Path(model_dir)
+        stages = tuple(stages)
+        unknown = [s for s in stages if s not in self.builders]
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(self.builders)}")
+        cfg = self.read_config(model_dir)
+        out = LoadedModels(cfg, self.family, model_dir=model_dir)
+        for stage in stages:
+            net = self.builders[stage](cfg)
+            setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, net, self.normalize.get(stage)))
         return out
-    model_dir = Path(model_dir)
-    stages = tuple(stages)
-    unknown = [s for s in stages if s not in builders]
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; expected some of {sorted(builders)}")
-    cfg = read_config(model_dir)
-    out = loaded(cfg, model_dir=model_dir)
-    for stage in stages:
-        setattr(out, stage, load_strict(model_dir / f"{stage}.pt", stage, builders[stage](cfg), normalize.get(stage)))
-    return out
+
+    def meta_network(self, source: str | Path, stage: str) -> nn.Module:
+        """The ``stage`` network of a model dir (its config read safely) or of a built-in name, on the meta
+        device: its module names and shapes, no weights and no work (recipe checks at plan time)."""
+        cfg = self.builtin_config(source) if isinstance(source, str) else self.read_config(source)
+        with torch.device("meta"):
+            return self.builders[stage](cfg)
 
 
 def init_weights(net: nn.Module, std: float = 0.02) -> None:

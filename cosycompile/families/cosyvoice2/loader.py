@@ -7,21 +7,23 @@ with ``weights_only=True`` and ``strict=True``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (check_family_checkpoint, init_weights, load_family_models, normalize_hift_keys,
-                                              staged_dir, voice_f0_predictor, write_builtin_marker,
-                                              write_frontend_standins, write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
+                                              write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.hift import HiFTGenerator
 from cosycompile.families.qwen2_layout import QWEN_DIR
 
 from . import CONFIG_FILE, PLUGIN
 from .config import PRESETS, ModelConfig
+from .flow import CausalMaskedDiffWithXvec
+from .qwen2lm import Qwen2LM
 from cosycompile.families.hyperyaml import cfm_head_yaml, flow_head_yaml, header_yaml, hift_yaml, llm_yaml
 from .yaml_safe import read_model_config
 
@@ -30,66 +32,17 @@ MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
 FAMILY = __name__.rsplit(".", 2)[-2]
 
 
-@dataclass
-class LoadedModels:
-    """The networks of the requested stages (None for the others), eval mode, float32."""
-
-    config: ModelConfig
-    llm: Any = None
-    flow: Any = None
-    hift: Any = None
-    model_dir: Path | None = None
-    family: str = FAMILY  # the registry name of the family that loaded them (its runtimes run them)
-
-
 def model_files(model_dir: Path, stages: Iterable[str]) -> list[Path]:
     """Files of the model dir that the given stages read (for content keys)."""
     return [model_dir / f for f in PLUGIN.model_files(stages)]
 
 
-# -- networks ---------------------------------------------------------------------------------
-
-def build_llm(cfg: ModelConfig) -> nn.Module:
-    from .qwen2lm import Qwen2LM
-
-    return Qwen2LM(cfg.llm, cfg.speech_token_size)
-
-
-def build_flow(cfg: ModelConfig) -> nn.Module:
-    from .flow import CausalMaskedDiffWithXvec
-
-    return CausalMaskedDiffWithXvec(cfg.flow)
-
-
-def build_hift(cfg: ModelConfig) -> nn.Module:
-    from cosycompile.families.hift import HiFTGenerator
-
-    return HiFTGenerator(cfg.hift)
-
-
-BUILDERS = {"llm": build_llm, "flow": build_flow, "hift": build_hift}
-
-
-# Key spellings of older checkpoints, mapped to the network's before matching.
-NORMALIZE = {"hift": normalize_hift_keys}
-
-
-def check_checkpoint(model_dir: Path, stage: str) -> None:
-    """Cheap pre-flight check of one stage's checkpoint: readable, and keys/shapes match the network.
-
-    The network is built on the meta device and the checkpoint memory-mapped, so this costs
-    seconds even for the 0.5B LLM; a bad file is reported before any build step runs.
-    """
-    check_family_checkpoint(model_dir, stage, read_model_config, BUILDERS, NORMALIZE)
-
-
-def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
-    """Networks of ``stages`` from a model dir, in eval mode, float32, strictly loaded.
-
-    ``model_dir`` may also be a ``builtin:<name>`` spec: it is written to a temporary dir with
-    :func:`init_model` first and loaded from there, exactly like a real checkpoint.
-    """
-    return load_family_models(model_dir, stages, read_model_config, BUILDERS, NORMALIZE, LoadedModels, init_model)
+# Networks are built from the config with random weights; checkpoints are loaded into them.
+BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    "llm": lambda cfg: Qwen2LM(cfg.llm, cfg.speech_token_size),
+    "flow": lambda cfg: CausalMaskedDiffWithXvec(cfg.flow),
+    "hift": lambda cfg: HiFTGenerator(cfg.hift),
+}
 
 
 # -- built-in models ---------------------------------------------------------------------------
@@ -97,12 +50,7 @@ def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "
 def _yaml_text(cfg: ModelConfig) -> str:
     """cosyvoice2.yaml in upstream's hyperpyyaml style (tags included, never executed by us)."""
     f = cfg.flow
-    return "\n".join([
-        header_yaml("CosyVoice2", cfg.sample_rate, cfg.llm.hidden_size, f.spk_embed_dim, cfg.token_frame_rate,
-                    cfg.token_mel_ratio, cfg.chunk_size),
-        llm_yaml("Qwen2LM", cfg.speech_token_size),
-        flow_head_yaml("CausalMaskedDiffWithXvec", f.input_size, f.output_size, f.vocab_size, f.pre_lookahead_len)
-        + f"""    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
+    encoder = f"""    encoder: !new:cosyvoice.transformer.upsample_encoder.UpsampleConformerEncoder
         output_size: {f.encoder_size}
         attention_heads: {f.attention_heads}
         linear_units: {f.linear_units}
@@ -119,8 +67,8 @@ def _yaml_text(cfg: ModelConfig) -> str:
         use_cnn_module: False
         macaron_style: False
         static_chunk_size: !ref <chunk_size>
-""" + cfm_head_yaml(f.output_size, f.inference_cfg_rate)
-        + f"""        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
+"""
+    estimator = f"""        estimator: !new:cosyvoice.flow.decoder.CausalConditionalDecoder
             in_channels: {f.estimator_in_channels}
             out_channels: {f.output_size}
             channels: {list(f.channels)}
@@ -132,9 +80,13 @@ def _yaml_text(cfg: ModelConfig) -> str:
             act_fn: 'gelu'
             static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
             num_decoding_left_chunks: !ref <num_decoding_left_chunks>
-""",
-        hift_yaml(cfg.hift, "HiFTGenerator", "ConvRNNF0Predictor"),
-    ])
+"""
+    flow = (flow_head_yaml("CausalMaskedDiffWithXvec", f.input_size, f.output_size, f.vocab_size, f.pre_lookahead_len)
+            + encoder + cfm_head_yaml(f.output_size, f.inference_cfg_rate) + estimator)
+    header = header_yaml("CosyVoice2", cfg.sample_rate, cfg.llm.hidden_size, f.spk_embed_dim, cfg.token_frame_rate,
+                         cfg.token_mel_ratio, cfg.chunk_size)
+    hift = hift_yaml(cfg.hift, "HiFTGenerator", "ConvRNNF0Predictor")
+    return "\n".join([header, llm_yaml("Qwen2LM", cfg.speech_token_size), flow, hift])
 
 
 # builtin:tiny-snake is builtin:tiny (same config, same seeded weights) with 4 Snake alphas of one HiFT
@@ -190,15 +142,14 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def meta_network(source: str | Path, stage: str) -> nn.Module:
-    """The ``stage`` network of a model dir (its config read safely) or of a built-in name, on the meta
-    device: its module names and shapes, no weights and no work (recipe checks at plan time)."""
-    if isinstance(source, str):  # a built-in name; variants share their preset's config
-        cfg = PRESETS[VARIANTS.get(source, (source,))[0]]
-    else:
-        cfg = read_model_config(source)
-    with torch.device("meta"):
-        return BUILDERS[stage](cfg)
+def builtin_config(name: str) -> ModelConfig:
+    """The config of a built-in name; variants share their preset's."""
+    return PRESETS[VARIANTS.get(name, (name,))[0]]
+
+
+# Older checkpoints spell some HiFT keys otherwise; they are mapped to the network's before matching.
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, builtin_config, init_model)
+load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
 
 
 def count_parameters(net: nn.Module, exclude_weight_norm_gain: bool = True) -> int:
@@ -207,5 +158,5 @@ def count_parameters(net: nn.Module, exclude_weight_norm_gain: bool = True) -> i
                if not (exclude_weight_norm_gain and n.endswith("original0")))
 
 
-__all__ = ["LoadedModels", "MODEL_FILES", "count_parameters", "init_model", "load_models", "meta_network",
-           "model_files", "read_model_config"]
+__all__ = ["BUILDERS", "MODEL_FILES", "check_checkpoint", "count_parameters", "init_model", "load_models",
+           "meta_network", "model_files", "read_model_config"]

@@ -7,21 +7,22 @@ layout, so they go through exactly the same loading as a real checkpoint; ``load
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Callable
 
-import torch
 from torch import nn
 
 from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (check_family_checkpoint, init_weights, load_family_models, normalize_hift_keys,
-                                              staged_dir, voice_f0_predictor, write_builtin_marker,
-                                              write_frontend_standins, write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
+                                              write_qwen_config, write_seeded_checkpoints)
 from cosycompile.families.qwen2_layout import QWEN_DIR
 
 from . import CONFIG_FILE, SPEECH_TOKENIZER
 from .config import CosyVoice3Config, cv3_0_5b, cv3_tiny
+from .flow import CausalMaskedDiffWithDiT
+from .hift import CausalHiFTGenerator
+from .lm import CosyVoice3LM
 from cosycompile.families.hyperyaml import cfm_head_yaml, flow_head_yaml, header_yaml, hift_yaml, llm_yaml
 from .yaml_read import read_model_config
 
@@ -31,63 +32,12 @@ FAMILY = __name__.rsplit(".", 2)[-2]
 PRESETS: dict[str, CosyVoice3Config] = {"cv3-tiny": cv3_tiny(), "cv3-random-0.5b": cv3_0_5b()}
 
 
-@dataclass
-class LoadedModels:
-    """The networks of the requested stages (None for the others), eval mode, float32."""
-
-    config: CosyVoice3Config
-    llm: Any = None
-    flow: Any = None
-    hift: Any = None
-    model_dir: Path | None = None
-    family: str = FAMILY  # the registry name of the family that loaded them (its runtimes run them)
-
-
-def build_llm(cfg: CosyVoice3Config) -> nn.Module:
-    """CosyVoice3LM of ``cfg`` (random weights)."""
-    from .lm import CosyVoice3LM
-
-    return CosyVoice3LM(cfg.lm)
-
-
-def build_flow(cfg: CosyVoice3Config) -> nn.Module:
-    """CausalMaskedDiffWithDiT of ``cfg`` (random weights)."""
-    from .flow import CausalMaskedDiffWithDiT
-
-    return CausalMaskedDiffWithDiT(cfg.flow)
-
-
-def build_hift(cfg: CosyVoice3Config) -> nn.Module:
-    """CausalHiFTGenerator of ``cfg`` (random weights)."""
-    from .hift import CausalHiFTGenerator
-
-    return CausalHiFTGenerator(cfg.hift)
-
-
-BUILDERS = {"llm": build_llm, "flow": build_flow, "hift": build_hift}
-# Upstream strips ``generator.`` from hift.pt's keys before loading it (a GAN checkpoint's prefix).
-NORMALIZE = {"hift": normalize_hift_keys}
-
-
-def check_checkpoint(model_dir: Path, stage: str) -> None:
-    """Cheap pre-flight check of one stage's checkpoint: readable, keys and shapes those of the network
-    (built on the meta device, the file memory-mapped)."""
-    check_family_checkpoint(model_dir, stage, read_model_config, BUILDERS, NORMALIZE)
-
-
-def load_models(model_dir: Path | str, stages: Iterable[str] = ("llm", "flow", "hift")) -> LoadedModels:
-    """CosyVoice3's networks of ``stages`` (float32, eval mode) from a model dir or ``builtin:<name>``
-    (written by :func:`init_model`, then loaded the same way). A missing, extra or mis-shaped key is a
-    one-line :class:`ModelError` naming the file and the key."""
-    return load_family_models(model_dir, stages, read_model_config, BUILDERS, NORMALIZE, LoadedModels, init_model)
-
-
-def meta_network(source: str | Path, stage: str) -> nn.Module:
-    """The ``stage`` network of a model dir (its config read safely) or of a built-in name, on the meta
-    device: its module names and shapes, no weights and no work (recipe checks at plan time)."""
-    cfg = PRESETS[source] if isinstance(source, str) else read_model_config(source)
-    with torch.device("meta"):
-        return BUILDERS[stage](cfg)
+# Networks are built from the config with random weights; checkpoints are loaded into them.
+BUILDERS: dict[str, Callable[[CosyVoice3Config], nn.Module]] = {
+    "llm": lambda cfg: CosyVoice3LM(cfg.lm),
+    "flow": lambda cfg: CausalMaskedDiffWithDiT(cfg.flow),
+    "hift": lambda cfg: CausalHiFTGenerator(cfg.hift),
+}
 
 
 # -- built-in models ---------------------------------------------------------------------------
@@ -162,5 +112,10 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     return Path(out_dir)
 
 
-__all__ = ["BUILDERS", "LoadedModels", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",
+# Upstream strips ``generator.`` from hift.pt's keys before loading it (a GAN checkpoint's prefix).
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, PRESETS.__getitem__,
+                      init_model)
+load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
+
+__all__ = ["BUILDERS", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",
            "meta_network", "read_model_config"]

@@ -34,8 +34,8 @@ import numpy as np
 from cosycompile.core.graph import StepContext
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.calibrate import load_records
-from cosycompile.core.files import link_or_copy
-from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.quantize.graphs import rewrite_graphs
+from cosycompile.runtime.graphs_dir import GraphsDir, read_graphs_dir
 
 from .scan import FP16_MAX, Hazard, clamp, find_hazards, keep_fp32_covers
 
@@ -265,15 +265,10 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         if hazards and s.snake_alpha == "refuse":
             raise refusal(stage, name, hazards, s.snake_alpha_min)
         scans[name] = (model, hazards, large)
-    out = copy_assets(src, ctx.out)
     clamped: dict[str, list[dict[str, Any]]] = {}
-    kept_fp32: dict[str, dict[str, str]] = {}
-    stats: dict[str, Any] = {}
-    for name, g in src.graphs.items():
-        dst = ctx.out / g["file"]
-        if name not in targets:
-            link_or_copy(src.graph_path(name), dst)
-            continue
+    kept_fp32: dict[str, list[str]] = {}
+
+    def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         model, hazards, large = scans.pop(name)
         if large:
             # AutoCast's init_max (65504) keeps their readers FP32; say so rather than leave it implicit.
@@ -288,7 +283,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
                 for h in hazards:
                     ctx.log(f"{name}: clamped {len(h.index)} |alpha| < {_g(s.snake_alpha_min)} in {h.layer} "
                             f"(smallest {_g(min(abs(a) for a in h.alphas))}) to {_g(s.snake_alpha_min)}, sign kept")
-                path = work / g["file"]
+                path = work / dst.name
                 save_model(model, path)
             del model
             records = _records(ctx, specs[name], src.info)
@@ -301,22 +296,21 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
             save_model(converted, dst)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        kept = kept_fp32[name] = rule.kept
-        out.graphs[name] = dict(g, precision="fp16")
-        stats[name] = {"fp16_initializers": fp16_inits, "fp32_nodes": len(kept), "nodes": len(converted.graph.node),
-                       "clamped": sum(len(h.index) for h in hazards), "large_constants": len(large),
-                       "tensors_without_range": len(rule.unknown)}
+        kept = rule.kept
+        kept_fp32[name] = sorted(kept)
+        stats = {"fp16_initializers": fp16_inits, "fp32_nodes": len(kept), "nodes": len(converted.graph.node),
+                 "clamped": sum(len(h.index) for h in hazards), "large_constants": len(large),
+                 "tensors_without_range": len(rule.unknown)}
         if rule.unknown:  # names the range pass never saw: their nodes were judged on their other tensors
             ctx.log(f"{name}: warning: {len(rule.unknown)} tensors had no recorded range, e.g. "
                     + ", ".join(sorted(rule.unknown)[:3]))
-        ctx.log(f"{name}: {stats[name]}; kept FP32: "
+        ctx.log(f"{name}: {stats}; kept FP32: "
                 + "; ".join(f"{n} ({why})" for n, why in list(kept.items())[:5]) + (" ..." if len(kept) > 5 else ""))
-    out.info["precision"] = "fp16"
-    out.info["quantized_graphs"] = targets
-    out.info["fp16_clamped"] = clamped
-    out.info["fp16_kept_fp32"] = {n: sorted(k) for n, k in kept_fp32.items()}
-    out.write()
-    return {"quantized": stats, "fp16_clamped": clamped}
+        return stats
+
+    # rewrite_graphs writes the info after the loop, by when one() has filled both maps.
+    done = rewrite_graphs(ctx, "fp16", targets, one, {"fp16_clamped": clamped, "fp16_kept_fp32": kept_fp32})
+    return {**done, "fp16_clamped": clamped}
 
 
 def _convert(path: Path, keep_fp32: list[str], rule: Any, opset: int, name: str, ctx: StepContext) -> Any:
