@@ -126,6 +126,19 @@ def _matvec(x_ptr, x_stride, B, inv, nw_ptr, w_ptr, ws_ptr, rows, row_mask, K: t
 
 
 @triton.jit
+def _normed_row_pair(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, rows, OFFSET: tl.constexpr, ok,
+                     SCALED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr):
+    """RMS-normed ``h`` times weight rows ``rows`` and ``rows + OFFSET`` (the two halves of a merged
+    matrix: RoPE's rotated pairs, or gate and up)."""
+    inv = _inv_rms(h_ptr, H, B, H, eps, BLOCK_B, BLOCK_H)
+    a = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, BLOCK_N, BLOCK_K, 0, H)
+    b = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows + OFFSET, ok, H, True, SCALED, BLOCK_B, BLOCK_N,
+                BLOCK_K, 0, H)
+    return a, b
+
+
+@triton.jit
 def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias_ptr, inv_freq_ptr, pos_ptr,
                      q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, new_ptr, new_sl, new_st, new_sb, new_sh,
                      layer, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -140,11 +153,8 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
     d = (pid % per_head) * PAIRS + tl.arange(0, PAIRS)
     rows = head * HEAD_DIM + d
     ok = d < HALF
-    inv = _inv_rms(h_ptr, H, B, H, eps, BLOCK_B, BLOCK_H)
-    x1 = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, PAIRS, BLOCK_K,
-                 0, H)
-    x2 = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows + HALF, ok, H, True, SCALED, BLOCK_B, PAIRS,
-                 BLOCK_K, 0, H)
+    x1, x2 = _normed_row_pair(h_ptr, B, H, eps, nw_ptr, w_ptr, ws_ptr, rows, HALF, ok, SCALED, BLOCK_B, BLOCK_H,
+                              PAIRS, BLOCK_K)
     x1 += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
     x2 += tl.load(bias_ptr + rows + HALF).to(tl.float32)[None, :]
     pos = tl.load(pos_ptr)
@@ -252,11 +262,8 @@ def _gate_up_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, act_p
     _grid_dependency(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok = rows < INTER
-    inv = _inv_rms(h_ptr, H, B, H, eps, BLOCK_B, BLOCK_H)
-    gate = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows, ok, H, True, SCALED, BLOCK_B, BLOCK_N, BLOCK_K,
-                   0, H)
-    up = _matvec(h_ptr, H, B, inv, nw_ptr, w_ptr, ws_ptr, rows + INTER, ok, H, True, SCALED, BLOCK_B, BLOCK_N,
-                 BLOCK_K, 0, H)
+    gate, up = _normed_row_pair(h_ptr, B, H, eps, nw_ptr, w_ptr, ws_ptr, rows, INTER, ok, SCALED, BLOCK_B, BLOCK_H,
+                                BLOCK_N, BLOCK_K)
     bs = tl.arange(0, BLOCK_B)
     tl.store(act_ptr + bs[:, None] * INTER + rows[None, :], gate / (1.0 + tl.exp(-gate)) * up,
              mask=(bs[:, None] < B) & ok[None, :])
