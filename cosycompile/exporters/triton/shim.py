@@ -3,8 +3,9 @@
 Triton's python stub runs its own embedded interpreter (the machine's libpython), which does not
 read ``PYTHONPATH`` for ``sys.path`` although the variable is in its environment (inherited from
 the server; checked with tritonserver 2.51). The generated file therefore adds each entry of the
-server's ``PYTHONPATH`` as a site dir, ahead of the interpreter's own site-packages, so that a
-virtual environment's packages and its ``.pth`` files (an editable install of cosycompile) load.
+server's ``PYTHONPATH`` as a site dir, after the standard library and ahead of the interpreter's own
+site-packages, so that a virtual environment's packages and its ``.pth`` files (an editable install
+of cosycompile) load, and a stray backport in them (``typing.py``) never shadows the standard library.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import sys
 
 def _add_pythonpath() -> None:
     # The stub's interpreter ignores PYTHONPATH for sys.path but inherits the variable: add its
-    # entries as site dirs (their .pth files run) in front of the interpreter's own site-packages.
+    # entries as site dirs (their .pth files run) after the standard library, in front of the
+    # interpreter's own site-packages (as a venv's python orders them).
     before = list(sys.path)
     for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         if entry and entry not in before:
             site.addsitedir(entry)
     added = [p for p in sys.path if p not in before]
-    sys.path[:] = added + [p for p in before if p not in added]
+    stdlib = [p for p in before if "site-packages" not in p and "dist-packages" not in p]
+    sys.path[:] = stdlib + added + [p for p in before if p not in stdlib]
 
 
 _add_pythonpath()
