@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml constraints.txt
 demo: install
 	$(VENV)/bin/cosycompile build recipes/cpu-int8.yaml
 
+# Two workers (pytest-xdist), a file each at a time: a serial run leaves one of CI's two cores idle about
+# half the time (subprocess starts, server waits, single-threaded export and compile work).
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider

@@ -53,3 +53,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
+    if getattr(config.option, "numprocesses", None):
+        _slow_files_first(items)
+
+
+def _slow_files_first(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs two workers, a file each at a time): the files with the
+    most ``slow`` tests go first, so the run does not end with one worker alone on a long file."""
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[file_of(item)] = slow.get(file_of(item), 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[file_of(item)])  # stable: each file's own order is kept
