@@ -28,10 +28,12 @@ demo: install
 	$(VENV)/bin/cosycompile build recipes/cpu-int8.yaml
 
 # Two workers (pytest-xdist), a file each at a time: a serial run leaves one of CI's two cores idle about
-# half the time (subprocess starts, server waits, single-threaded export and compile work).
+# half the time (subprocess starts, server waits, single-threaded export and compile work). The tests
+# marked serial (the examples, whose output shows measured speed-ups) run afterwards, alone.
 TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(PY) -m pytest -q -p no:cacheprovider -m serial
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider

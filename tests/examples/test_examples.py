@@ -22,6 +22,10 @@ import pytest
 
 from helpers import REPO, free_ports
 
+# Example 05 gates a bundle's measured speed-ups against a baseline: they are measured with nothing
+# else running, as a user's build would be (make test runs these after its parallel part).
+pytestmark = pytest.mark.serial
+
 EXAMPLES = sorted(p.parent for p in (REPO / "examples").glob("[0-9][0-9]-*/README.md"))
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 BLOCK_SECONDS = 900
