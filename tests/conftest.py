@@ -4,6 +4,7 @@ opt-in markers' rule."""
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,7 +64,5 @@ def _slow_files_first(items: list[pytest.Item]) -> None:
     def file_of(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    slow: dict[str, int] = {}
-    for item in items:
-        slow[file_of(item)] = slow.get(file_of(item), 0) + (item.get_closest_marker("slow") is not None)
+    slow = Counter(file_of(item) for item in items if item.get_closest_marker("slow") is not None)
     items.sort(key=lambda item: -slow[file_of(item)])  # stable: each file's own order is kept

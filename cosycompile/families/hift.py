@@ -176,7 +176,6 @@ class SourceModuleHnNSF(nn.Module):
         return self.l_tanh(self.l_linear(self.l_sin_gen(f0, rand_ini, noise)))
 
 
-
 @dataclass(frozen=True)
 class DecoderConvs:
     """How a generation builds its decoder's convolutions (plain here, causal in CosyVoice3); the

@@ -23,8 +23,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
-from cosycompile.families.hift import SourceModuleHnNSF as SharedSourceModuleHnNSF
 from cosycompile.families.hift import DecoderConvs, add_decoder_layers, add_stft_basis, upsample_with_source
+from cosycompile.families.hift import SourceModuleHnNSF as SharedSourceModuleHnNSF
 
 from .config import HiFTConfig
 
