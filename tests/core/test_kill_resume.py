@@ -20,7 +20,7 @@ def _build_until_staging(tmp_path: Path, name: str, victim: str) -> tuple[subpro
     art = tmp_path / "art"
     recipe = write_recipe(tmp_path / "r.yaml", {
         "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": name,
-        "validation": {"eval_set": str(EVAL_SET), "max_items": 1},
+        "validation": {"eval_set": str(EVAL_SET), "max_items": 1, "speed": {"runs": 1, "throughput": []}},
     })
     proc = subprocess.Popen([sys.executable, "-u", "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art)],
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
