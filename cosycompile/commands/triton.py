@@ -39,6 +39,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=1, metavar="N", help="instances per model (default 1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per CPU instance (default: the recipe's validation.speed.threads)")
+    p.add_argument("--spin-wait", action="store_true",
+                   help="CPU models: let idle engine threads spin-wait for the next op instead of sleeping (ONNX "
+                        "Runtime's allow_spinning; may pay where an instance has cores to spare, but on a 2-core "
+                        "machine requests ran slower with it, with one instance or two)")
     p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
                    help="longest text piece in English-character equivalents, as for synthesize (default %(default)s)")
     p.add_argument("--llm-url", metavar="URL",
@@ -67,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve().is_relative_to(bundle.resolve()):
         raise UserError(f"{out}: inside the bundle {bundle} (its manifest lists every file); write it elsewhere")
     options = RepoOptions(instances=args.instances, threads=args.threads, max_chars=args.max_chars,
-                          llm_url=args.llm_url)
+                          llm_url=args.llm_url, spin_wait=args.spin_wait)
     write_repository(bundle, out, options)
     info = read_repository_json(out) or {}
     models = ", ".join(info.get("models", {}))

@@ -148,11 +148,20 @@ def test_cpu_configs_parse_and_match_the_bundle(build: dict[str, Path]) -> None:
         assert [(instance_kind(g), g.count) for g in cfg.instance_group] == [("KIND_CPU", 1)]
         assert cfg.parameters["threads"].string_value == str(recipe["validation"]["speed"]["threads"])
         assert cfg.parameters["bundle_key"].string_value == json.loads((build["bundle"] / "manifest.json").read_text())["key"]
+        assert cfg.parameters["spin_wait"].string_value == "false"  # idle engine threads sleep unless asked
         tensors = config_tensors(cfg)
         assert tensors["target_text"] == ("TYPE_STRING", [1], True)
         assert tensors["target_text_utf8"] == ("TYPE_UINT8", [-1], True)
         assert tensors["reference_wav"] == ("TYPE_FP32", [-1], True)
         assert tensors["waveform"] == ("TYPE_FP32", [-1], False)
+
+
+def test_spin_wait_is_the_repository_s_choice(build: dict[str, Path], tmp_path: Path) -> None:
+    res = run_cli("triton", str(build["bundle"]), "--out", str(tmp_path / "repo"), "--spin-wait")
+    assert res.returncode == 0, res.stderr
+    for model in ("cosyvoice2", "cosyvoice2_offline"):
+        assert parse_model_config(tmp_path / "repo" / model / "config.pbtxt").parameters["spin_wait"].string_value == "true"
+    assert "`spin_wait`" in (tmp_path / "repo" / "README.md").read_text()
 
 
 def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthesized: np.ndarray) -> None:

@@ -13,6 +13,7 @@ from cosycompile.backends.onnxruntime.kv_cache import KeptCacheDecoder, PerLayer
 from cosycompile.errors import BackendUnavailable
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.host import cpu_flags
+from cosycompile.runtime.idle_wait import spinning
 from cosycompile.runtime.loading import read_passport
 from cosycompile.core.targets import Target
 _LEVELS = {
@@ -36,6 +37,8 @@ def _session_options(threads: int, level: str, execution_mode: str = "sequential
     so.execution_mode = (ort.ExecutionMode.ORT_PARALLEL if execution_mode == "parallel"
                          else ort.ExecutionMode.ORT_SEQUENTIAL)
     so.log_severity_level = 3
+    if not spinning():
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 

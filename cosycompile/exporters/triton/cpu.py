@@ -49,7 +49,8 @@ def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
     sampling = recipe_sampling(w.recipe)
     params = {"bundle": "bundle", "threads": str(threads), "max_chars": str(options.max_chars),
               "sampling": sampling.mode, "sample_rate": str(w.sample_rate()), "bundle_key": str(w.manifest.get("key", "")),
-              "max_text_chars": str(options.max_text_chars), "request_timeout_s": str(options.request_timeout_s)}
+              "max_text_chars": str(options.max_text_chars), "request_timeout_s": str(options.request_timeout_s),
+              "spin_wait": "true" if options.spin_wait else "false"}
     return [ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                         instance_kind="KIND_CPU", instance_count=options.instances, decoupled=decoupled,
                         parameters=dict(params))
@@ -98,7 +99,9 @@ models detect this at load (logged) and then answer a BYTES text with an error n
 and are exact with either numpy.
 Each model's `1/bundle/` is the whole bundle (hard links where possible); `repository.json` lists every
 file with its sha256. Instances: {options.instances} per model (KIND_CPU); threads per instance: see
-`parameters` in each `config.pbtxt`.
+`parameters` in each `config.pbtxt`. Idle engine threads sleep between ops (`spin_wait` false, ONNX
+Runtime's `allow_spinning` off): on a 2-core machine requests ran faster so, with one instance or two;
+`true` lets them spin, which may pay where an instance has cores to spare.
 
 ## Serving
 

@@ -43,6 +43,8 @@ class RepoOptions:
     # an instance for 11 minutes); a request still running after the timeout stops at its next piece.
     max_text_chars: int = 2000
     request_timeout_s: float = 300.0
+    # CPU models: idle intra-op threads sleep unless this is set (see cosycompile.runtime.idle_wait).
+    spin_wait: bool = False
 
 
 @dataclass

@@ -50,6 +50,7 @@ class TritonPythonModel:
         import triton_python_backend_utils as pb_utils
 
         from cosycompile.runtime.bundle import load_bundle, recipe_sampling
+        from cosycompile.runtime.idle_wait import set_spinning
         from cosycompile.exporters.triton.pbcompat import numpy_bridge_ok, patch_stub
 
         patch_stub(pb_utils)
@@ -60,6 +61,9 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         bundle = Path(args["model_repository"]) / args["model_version"] / params.get("bundle", "bundle")
         threads = int(params.get("threads") or 0) or None
+        # Before the engines load: sessions take the setting when they are created.
+        spin = params.get("spin_wait") == "true"
+        set_spinning(spin)
         self.bundle = load_bundle(bundle, threads)
         self.speakers: dict[str, Any] = {}
         self.max_chars = int(params.get("max_chars") or 80)
@@ -70,6 +74,7 @@ class TritonPythonModel:
         self.sampling = recipe_sampling(self.bundle.recipe, mode=mode)
         bridge = "" if self.bytes_ok else "; BYTES inputs garbled by this stub: text only as *_utf8"
         pb_utils.Logger.log_info(f"{args['model_name']}: loaded {bundle} ({self.bundle.threads} threads, "
+                                 f"idle threads {'spin' if spin else 'sleep'}, "
                                  f"sampling {self.sampling.mode}, numpy {np.__version__}{bridge})")
 
     def _request_parts(self, request: Any) -> tuple[list[np.ndarray], Any, Any]:
