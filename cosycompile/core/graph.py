@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from cosycompile.core.finite import check_finite_outputs
+from cosycompile.core.memory import peak_mb, reset_peak
 from cosycompile.core.store import ArtifactStore, Entry
 from cosycompile.core.hashing import digest_files, digest_obj, tool_identities
 
@@ -471,11 +472,13 @@ class Executor:
                             spec=s.spec,
                             cache_dir=self.store.cache_dir / "shared",
                         )
+                        own_peak = reset_peak()
                         meta = s.run(ctx) or {}
+                        peak = peak_mb() if own_peak else None
                         check_finite_outputs(s.name, ctx.out)
                         dt = time.perf_counter() - t0
                         entry = self.store.commit(key, stage, {
-                            "step": s.name, "components": comps, "meta": meta, "seconds": dt,
+                            "step": s.name, "components": comps, "meta": meta, "seconds": dt, "peak_rss_mb": peak,
                         })
             dt = time.perf_counter() - t0
             entries[s.name] = entry
@@ -487,7 +490,8 @@ class Executor:
                 continue
             seconds[s.name] = dt
             ran.append(s.name)
-            self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s")
+            peak = entry.meta.get("peak_rss_mb")
+            self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s" + (f", peak {peak:,.0f} MB" if peak else ""))
             # After the commit, so the remote only ever gets complete, verified outputs.
             self._push(s.name, entry)
         self.state.save()

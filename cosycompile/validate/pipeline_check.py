@@ -181,9 +181,8 @@ def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling:
 
 
 def _peak_rss_mb() -> float:
-    """Peak RSS of this process so far: the pipeline check's and that of every step run before it
-    in the same ``cosycompile build`` (on the 0.5B model the calibrate and quantize steps, when they run
-    in the same process, raise it well above the check's own: docs/bench-log/2026-11-26-xeon-whole-make-bench-second.md)."""
+    """Peak RSS of this check: the executor resets the process's high-water mark as each step starts
+    (``core.memory``); where the system cannot, it is the process's peak so far, steps before included."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -103,9 +103,13 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
             lines += ["Throughput of the build (audio s per wall s): "
                       + ", ".join(f"concurrency {c}: {_fmt(v['audio_s_per_s'])}" for c, v in tp.items()) + "."]
         if "peak_rss_mb" in speed:
-            # ru_maxrss cannot be reset, so a build that also ran quantize steps shows their peak here.
-            lines += [f"Peak host memory (RSS) of the build process, over this check and every step it ran "
-                      f"(cached steps did not run): {speed['peak_rss_mb']:.0f} MB."]
+            lines += [f"Peak host memory (RSS) of the pipeline check: {speed['peak_rss_mb']:,.0f} MB."]
+        peaks = {n: v["peak_rss_mb"] for n, v in report.get("build_steps", {}).items() if v.get("peak_rss_mb")}
+        if peaks:
+            top = max(peaks, key=peaks.__getitem__)
+            lines += [f"The step during which the build process held the most memory: {top}, {peaks[top]:,.0f} MB "
+                      "(the process's peak RSS while each step ran, when it was built; processes a step starts are "
+                      "not counted)."]
         llm = speed.get("llm", {})
         if "per_token_built_ms" in llm:
             lines += [f"LLM per token: reference {_fmt(llm['per_token_reference_ms'])} ms, "
@@ -122,8 +126,9 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     steps = report.get("build_steps", {})
     if steps:
         lines += ["## Build steps", ""]
-        lines += _table(["step", "key", "seconds (when built)"],
-                        [[n, v.get("key", "")[:12], v.get("seconds")] for n, v in steps.items()])
+        lines += _table(["step", "key", "seconds (when built)", "peak RSS MB (when built)"],
+                        [[n, v.get("key", "")[:12], v.get("seconds"),
+                          None if v.get("peak_rss_mb") is None else round(v["peak_rss_mb"])] for n, v in steps.items()])
         lines.append("")
     if report.get("audio"):
         lines += ["Audio (reference and built, side by side): " + ", ".join(f"audio/{a}" for a in report["audio"]), ""]

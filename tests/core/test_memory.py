@@ -1,0 +1,57 @@
+"""The build process's peak resident memory while each step ran: the executor resets the process's
+high-water mark as a step starts, records the peak with the entry, and prints it with the step's time."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosycompile.cache.local import Store
+from cosycompile.core.graph import Executor, Reporter, StateFile, Step, StepContext
+from cosycompile.core.memory import peak_mb, reset_peak
+
+MB = 1 << 20
+
+
+def _touch(mb: int) -> None:
+    """Hold ``mb`` MB resident for a moment (written, so every page is really there), then free it."""
+    block = np.ones(mb * MB, np.uint8)
+    assert int(block[::4096].sum()) == len(block[::4096])
+
+
+pytestmark = pytest.mark.skipif(not reset_peak(), reason="this system cannot reset a process's peak RSS")
+
+
+def test_a_reset_starts_the_peak_again_from_what_is_resident() -> None:
+    reset_peak()
+    before = peak_mb()
+    _touch(300)
+    high = peak_mb()
+    assert before is not None and high is not None and high - before >= 280
+    reset_peak()
+    low = peak_mb()
+    assert low is not None and low < high - 250
+
+
+def _big(ctx: StepContext) -> dict:
+    _touch(int(ctx.params["mb"]))
+    (ctx.out / "out.txt").write_text(str(ctx.params["mb"]))
+    return {}
+
+
+def test_each_step_records_its_own_peak(tmp_path: Path) -> None:
+    big = Step("big", "memory-test.big", _big, params={"mb": 300})
+    small = Step("small", "memory-test.small", _big, params={"mb": 1}, deps={"big": big})
+    out = io.StringIO()
+    result = Executor(Store(tmp_path), [small], StateFile(tmp_path / "state.json"), Reporter(stream=out)).run()
+    assert result.ran == ["big", "small"]
+    peaks = {n: e.meta["peak_rss_mb"] for n, e in result.entries.items()}
+    # The small step ran after the big one in the same process, and its peak is not the big one's.
+    assert peaks["big"] - peaks["small"] >= 250, peaks
+    for name, entry in result.entries.items():
+        assert json.loads((entry.path / "entry.json").read_text())["peak_rss_mb"] == peaks[name]
+    assert f"peak {peaks['big']:,.0f} MB" in out.getvalue()
