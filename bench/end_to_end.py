@@ -85,11 +85,13 @@ def main() -> int:
     bundle = Path(line.split(": ", 1)[1])
     report = json.loads((bundle / "report.json").read_text())
     speed, checks = report["speed"], report["checks"]
+    steps = json.loads((bundle / "manifest.json").read_text())["steps"]
     out = {"machine": machine(),
            "recipe": str(recipe), "tokens": args.tokens, "pairs": args.pairs, "min_seconds": args.min_seconds,
            "threads": args.threads,
            "wall_s": time.perf_counter() - t0, "gate_passed": report["gate"]["passed"],
            "findings": report["gate"]["findings"], "speed": speed,
+           "step_peak_rss_mb": {n: v.get("peak_rss_mb") for n, v in steps.items()},
            "quality": {"pipeline": checks["pipeline"]["metrics"],
                        **{s: checks[s]["metrics"] for s in ("llm", "flow", "hift") if s in checks}}}
     dest = REPO / "artifacts" / "bench" / f"end_to_end-{recipe.stem}.json"
@@ -119,7 +121,7 @@ def main() -> int:
     e2e = speed.get("end_to_end", {})
     print(f"RTF reference {e2e.get('rtf_reference', float('nan')):.2f}, built {e2e.get('rtf_built', float('nan')):.2f}; "
           f"first chunk built {1000 * speed.get('first_chunk', {}).get('built_s', float('nan')):.0f} ms; "
-          f"peak RSS {speed.get('peak_rss_mb', 0):.0f} MB")
+          f"peak RSS of the step that needed the most {max((v or 0) for v in out['step_peak_rss_mb'].values()):.0f} MB")
     q = checks["pipeline"]["metrics"]
     print(f"quality: tokens identical {q.get('tokens_identical_ratio')}, mel SNR min {q.get('mel_snr_db_min')}, "
           f"gate {'PASS' if report['gate']['passed'] else 'FAIL'} {[f['metric'] for f in report['gate']['findings']]}")

@@ -9,7 +9,8 @@ such a folder and prints Markdown:
 - the end-to-end table, one row per ``end_to_end-<recipe>.json``: RTF of the reference and of the
   build, the end-to-end speed-up (median of interleaved pairs, spread, pairs), each stage's speed-up
   inside the pipeline, the LLM's ms/token, the first chunk, the quality of the same engines
-  (LLM logit cosine, flow mel SNR, HiFT waveform SNR), the gate and the peak RSS;
+  (LLM logit cosine, flow mel SNR, HiFT waveform SNR), the gate and the peak RSS (of the step
+  that needed the most);
 - the other ratios, from the files of quantized_speed.py (``<recipe>.json``), torch_backend.py,
   llm_decode.py, reference_reuse.py and noop_rebuild.py: the ratio, its median (spread, pairs) and
   the quality of the same engine.
@@ -280,6 +281,12 @@ def e2e_gate(d: Json) -> str | None:
 
 
 def e2e_rss(d: Json) -> str | None:
+    """The most memory one step of the build needed, naming the step; a run from before per-step
+    peaks were recorded gives the build process's peak instead (what its report then measured)."""
+    steps = {n: mb for n, v in (d.get("step_peak_rss_mb") or {}).items() if (mb := number(v)) is not None}
+    if steps:
+        top = max(steps, key=steps.__getitem__)
+        return f"{steps[top]:,.0f} MB ({top})"
     mb = number(dig(d, "speed", "peak_rss_mb"))
     return None if mb is None else f"{mb:,.0f} MB"
 
