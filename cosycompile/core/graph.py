@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
 from cosycompile.core.finite import check_finite_outputs
-from cosycompile.core.memory import peak_mb, reset_peak
+from cosycompile.core.memory import peak_mb, release_free_memory, reset_peak
 from cosycompile.core.store import ArtifactStore, Entry
 from cosycompile.core.hashing import digest_files, digest_obj, tool_identities
 
@@ -481,6 +481,8 @@ class Executor:
                             "step": s.name, "components": comps, "meta": meta, "seconds": dt, "peak_rss_mb": peak,
                         })
             dt = time.perf_counter() - t0
+            if built_here:
+                release_free_memory()  # the next step starts from what is in use, not from this one's peak
             entries[s.name] = entry
             self.state.record(s, comps)
             self.state.save()

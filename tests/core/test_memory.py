@@ -55,3 +55,38 @@ def test_each_step_records_its_own_peak(tmp_path: Path) -> None:
     for name, entry in result.entries.items():
         assert json.loads((entry.path / "entry.json").read_text())["peak_rss_mb"] == peaks[name]
     assert f"peak {peaks['big']:,.0f} MB" in out.getvalue()
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024.0
+    raise AssertionError("no VmRSS")
+
+
+def test_freed_heap_pages_go_back_to_the_system_between_steps() -> None:
+    """Blocks under glibc's mmap threshold come from its heap; freed behind one still in use they stay
+    resident until ``malloc_trim``, which ``release_free_memory`` calls after each step."""
+    import ctypes
+    import ctypes.util
+
+    from cosycompile.core.memory import release_free_memory
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = 64 * 1024  # under the mmap threshold: heap memory
+    blocks = [libc.malloc(block) for _ in range(4000)]  # about 250 MB
+    assert all(blocks)
+    for b in blocks:
+        ctypes.memset(b, 1, block)
+    last = blocks.pop()  # still in use at the top of the heap: free() alone cannot shrink it
+    before = _rss_mb()
+    for b in blocks:
+        libc.free(b)
+    held = _rss_mb()
+    release_free_memory()
+    after = _rss_mb()
+    libc.free(last)
+    assert held > before - 50, (before, held)  # freeing alone kept the pages
+    assert held - after >= 200, (before, held, after)
