@@ -482,7 +482,8 @@ class Executor:
                         })
             dt = time.perf_counter() - t0
             if built_here:
-                release_free_memory()  # the next step starts from what is in use, not from this one's peak
+                # The next step starts from what is in use, not from this one's peak.
+                release_free_memory(entry.meta.get("peak_rss_mb"))
             entries[s.name] = entry
             self.state.record(s, comps)
             self.state.save()

@@ -38,16 +38,23 @@ def peak_mb() -> float | None:
     return None
 
 
-def release_free_memory() -> None:
-    """Hand memory the finished step freed back to the system before the next step starts.
+# A full collection takes about 0.2 s in a process that has loaded torch and transformers: worth it
+# after a step that held gigabytes, not after each of a small model's many short steps.
+COLLECT_AFTER_MB = 2048
 
-    Python's cycles are collected, then glibc is asked to return free heap pages (``malloc_trim``):
-    once large blocks have been freed, glibc serves later ones from its heap and keeps the pages, so
-    without this each step of a long build starts from the largest footprint any step before it
-    left (a 2 GB ONNX graph loaded, simplified and optimized leaves several GB behind). Elsewhere
+
+def release_free_memory(peak: float | None = None) -> None:
+    """Hand memory a finished step freed back to the system before the next step starts.
+
+    glibc is asked to return free heap pages (``malloc_trim``): once large blocks have been freed,
+    glibc serves later ones from its heap and keeps the pages, so without this each step of a long
+    build starts from the largest footprint any step before it left (a 1.5 GB ONNX graph loaded,
+    simplified and optimized leaves several GB behind). After a step whose ``peak`` (MB, None when
+    unknown) reached :data:`COLLECT_AFTER_MB`, Python's reference cycles are collected first. Elsewhere
     than glibc only the collection runs.
     """
-    gc.collect()
+    if peak is None or peak >= COLLECT_AFTER_MB:
+        gc.collect()
     if _malloc_trim is not None:
         _malloc_trim(0)
 
