@@ -49,9 +49,9 @@ def load_state(path: Path, mmap: bool = False) -> Any:
     return sd
 
 
-def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -> None:
+def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any, finite: bool = True) -> None:
     """A one-line :class:`ModelError` naming ``path`` and a key unless ``sd`` has exactly ``own``'s keys and
-    shapes, floating tensors where ``own`` has them, and no NaN or Inf."""
+    shapes, floating tensors where ``own`` has them, and (with ``finite``) no NaN or Inf."""
     if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise ModelError(f"{path}: expected a state dict of tensors")
     missing = [k for k in own if k not in sd]
@@ -75,6 +75,12 @@ def match_state(path: Path, stage: str, own: dict[str, torch.Tensor], sd: Any) -
         k = kind[0]
         raise ModelError(f"{path}: {k} is {str(sd[k].dtype).removeprefix('torch.')}; the {stage} network's is "
                          f"{str(own[k].dtype).removeprefix('torch.')}")
+    if finite:
+        check_finite(path, sd)
+
+
+def check_finite(path: Path, sd: dict[str, torch.Tensor]) -> None:
+    """A one-line :class:`ModelError` naming the first tensor of ``sd`` that holds NaN or Inf."""
     for k, v in sd.items():
         if v.is_floating_point() and not v.is_meta and not bool(torch.isfinite(v).all()):
             raise ModelError(f"{path}: {k} holds NaN or Inf weights")
@@ -96,12 +102,19 @@ def check_strict(path: Path, stage: str, build: Callable[[], nn.Module], normali
 
 
 def load_strict(path: Path, stage: str, net: nn.Module, normalize: Normalize | None = None) -> nn.Module:
-    """``net`` with the state dict of ``path`` loaded strictly (``weights_only``), float32, eval mode."""
-    sd = load_state(path)
+    """``net`` with the state dict of ``path`` loaded strictly (``weights_only``), float32, eval mode.
+
+    The file is memory-mapped (private: writes stay in memory) and its tensors become the network's
+    (``assign``), so the weights ``net`` was built with are dropped, not overwritten: one copy of the
+    weights is resident, not two (a 0.5B LLM is 2 GB). NaN and Inf are looked for after the swap,
+    when reading the file's pages no longer adds to a second copy.
+    """
+    sd = load_state(path, mmap=True)
     if normalize is not None and isinstance(sd, dict):
         sd = normalize(sd)
-    match_state(path, stage, net.state_dict(), sd)
-    net.load_state_dict(sd, strict=True)
+    match_state(path, stage, net.state_dict(), sd, finite=False)
+    net.load_state_dict(sd, strict=True, assign=True)
+    check_finite(path, sd)
     return net.float().eval()
 
 
