@@ -20,3 +20,11 @@ def add_remote(p: argparse.ArgumentParser) -> None:
                         "$COSYCOMPILE_CACHE_REMOTE; '' for none). Missing steps are pulled and verified, built "
                         "steps pushed; S3 credentials and endpoint come from the AWS environment "
                         "(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...)")
+
+
+def add_spin_wait(p: argparse.ArgumentParser) -> None:
+    """--spin-wait, for the CPU models of a Triton repository."""
+    p.add_argument("--spin-wait", action="store_true",
+                   help="CPU models: let idle engine threads spin-wait for the next op instead of sleeping (ONNX "
+                        "Runtime's allow_spinning; may pay where an instance has cores to spare, but on a 2-core "
+                        "machine requests ran slower with it, with one instance or two)")

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from cosycompile.commands._args import add_spin_wait
 from cosycompile.errors import UserError
 
 ORDER = 125
@@ -47,10 +48,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="instances per model: requests run in parallel up to N (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per instance (default: the recipe's validation.speed.threads)")
-    p.add_argument("--spin-wait", action="store_true",
-                   help="let idle engine threads spin-wait for the next op instead of sleeping (ONNX "
-                        "Runtime's allow_spinning; may pay where an instance has cores to spare, but on a 2-core "
-                        "machine requests ran slower with it, with one instance or two)")
+    add_spin_wait(p)
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, metavar="N",
                    help="longest text one request may send; longer ones are refused at once (default %(default)s)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="SECONDS",

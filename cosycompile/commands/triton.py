@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 from pathlib import Path
 
+from cosycompile.commands._args import add_spin_wait
 from cosycompile.commands._output import check_out_dir
 from cosycompile.errors import UserError
 from cosycompile.runtime.text import DEFAULT_MAX_CHARS
@@ -39,10 +40,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--instances", type=int, default=1, metavar="N", help="instances per model (default 1)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads per CPU instance (default: the recipe's validation.speed.threads)")
-    p.add_argument("--spin-wait", action="store_true",
-                   help="CPU models: let idle engine threads spin-wait for the next op instead of sleeping (ONNX "
-                        "Runtime's allow_spinning; may pay where an instance has cores to spare, but on a 2-core "
-                        "machine requests ran slower with it, with one instance or two)")
+    add_spin_wait(p)
     p.add_argument("--max-chars", type=int, default=DEFAULT_MAX_CHARS, metavar="N",
                    help="longest text piece in English-character equivalents, as for synthesize (default %(default)s)")
     p.add_argument("--llm-url", metavar="URL",

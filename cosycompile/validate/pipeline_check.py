@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from cosycompile.core.graph import StepContext
+from cosycompile.core.memory import peak_mb
 from cosycompile.runtime.host import describe_host
 from cosycompile.runtime.pipeline import Pipeline, Sampling
 from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
@@ -85,7 +86,8 @@ def run(ctx: StepContext) -> dict[str, Any]:
         cached = json.loads((ctx.inputs["reference"] / "timing.json").read_text())
         speed = _speed(ref_pipe, cached, built, inputs[0], first_out, first_seconds, sampling, v["speed"], ctx)
         speed["throughput"] = _throughput(built, inputs, sampling, v["speed"]["throughput"])
-    speed["peak_rss_mb"] = _peak_rss_mb()
+    # This check's own: the executor resets the high-water mark as each step starts (where it can).
+    speed["peak_rss_mb"] = peak_mb()
     speed["host"] = describe_host()
     checks = {s: json.loads((ctx.inputs[f"{s}.check"] / "check.json").read_text()) for s in p["stages"]}
     checks["pipeline"] = {"stage": "pipeline", "metrics": _summarise(rows)}
@@ -180,12 +182,6 @@ def _throughput(built: Pipeline, inputs: list[tuple[np.ndarray, Any]], sampling:
     return out
 
 
-def _peak_rss_mb() -> float:
-    """Peak RSS of this check: the executor resets the process's high-water mark as each step starts
-    (``core.memory``); where the system cannot, it is the process's peak so far, steps before included."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
