@@ -12,7 +12,7 @@ install: $(STAMP)
 # torch is pinned by constraints.txt: an unpinned resolve pulls a multi-GB CUDA build.
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c constraints.txt -e '.[quant,eval,rtx,dev,triton]'
+	$(PIP) install -q -c constraints.txt -e '.[quant,eval,rtx,dev,triton,ray]'
 	# tritonserver 2.51 for CPU tests of the Triton repositories; only its server binary, libraries and
 	# python backend are used, so its Python dependencies (numpy<2) are not installed.
 	$(PIP) install -q --no-deps nvidia-pytriton==0.7.0

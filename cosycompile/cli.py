@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from cosycompile import __version__
-from cosycompile.errors import UserError
+from cosycompile.errors import BuildFailed, UserError
 
 EXIT_STATUS = """\
 exit status: 0 success, 1 a check or build step failed, 2 bad input (recipe, model, data, paths),
@@ -89,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"cosycompile: error: {one_line(str(exc))}", file=sys.stderr)
         return 2
+    except BuildFailed as exc:
+        print(f"cosycompile: build failed: {one_line(str(exc))}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # The reader went away (`cosycompile cache ls | head`): stop quietly, as other Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -25,3 +25,7 @@ class DataError(UserError):
 
 class BackendUnavailable(UserError):
     """A backend whose runtime is not installed on this machine, or that cannot run the request."""
+
+
+class BuildFailed(Exception):
+    """A step that failed where the CLI cannot show its traceback (a cluster node): one line, exit 1."""

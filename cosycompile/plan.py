@@ -217,7 +217,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
                     "precision": qspec.format, "pairs": v.speed.runs, "warmup": v.speed.warmup,
                     "min_seconds": v.speed.min_seconds, "machine_state": v.speed.machine_state},
             spec=typed["check"], deps={"engine": engine, "reference": reference},
-            tools=TORCH_TOOLS + binfo.tools, target=target.name,
+            tools=TORCH_TOOLS + binfo.tools, target=target.name, hardware=_hardware(target.name),
             describe=f"compare the {name} engine with the PyTorch FP32 reference",
         )
         if qinfo is not None and engines_from is None:
@@ -245,7 +245,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
                 "thresholds": v.gate.thresholds()},
         deps={"reference": reference, **{f"{s}.engine": st["engine"] for s, st in stage_steps.items()},
               **{f"{s}.check": st["check"] for s, st in stage_steps.items()}},
-        tools=TORCH_TOOLS + ("onnxruntime",), target=target.name,
+        tools=TORCH_TOOLS + ("onnxruntime",), target=target.name, hardware=_hardware(target.name),
         describe="text -> wav on the engines vs the PyTorch FP32 reference on the eval set",
     )
     model.attach(final, all_model_files)
@@ -304,7 +304,16 @@ def _engine_step(stage: str, info: Any, options: Any, fmt: str, graphs: Step, ta
         describe=f"build the {stage} {fmt} engine with {info.name}",
         preflight=_unavailable_preflight(stage, info) if info.unavailable else None,
         blocked=_build_blocker(info, TARGETS[target], options) if info.build_problem else None,
+        hardware=_hardware(target),
     )
+
+
+def _hardware(target: str) -> str | None:
+    """What a step that builds or runs the target's engines must run on: the GPU's ``sm_tag``
+    (TensorRT builds on the GPU itself; TensorRT-RTX could build anywhere, but its engines are
+    checked there), None for a CPU target."""
+    t = TARGETS[target]
+    return t.sm_tag if t.kind == "gpu" else None
 
 
 def _calibrate_step(recipe: Recipe, model: ModelInput, model_files: tuple[str, ...],

@@ -161,3 +161,13 @@ def instance_kind(group: Any) -> str:
     from tritonclient.grpc import model_config_pb2
 
     return model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind)
+
+
+def fake_distribution(folder: Path, name: str, version: str, top_level: str | None = None) -> None:
+    """A dist-info as pip writes it, holding only what importlib.metadata reads: first on a process's
+    PYTHONPATH, it stands for another build of a tool installed there (a CUDA torch, onnxruntime-gpu)."""
+    info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if top_level is not None:
+        (info / "top_level.txt").write_text(top_level + "\n")

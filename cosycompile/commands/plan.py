@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cosycompile.commands._args import add_common, add_remote
-from cosycompile.commands._build import build_or_plan
+from cosycompile.commands._build import plan_recipe
 
 ORDER = 20
 EXAMPLES = (
@@ -33,4 +33,4 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """The ``plan`` command."""
-    return build_or_plan(args)
+    return plan_recipe(args)

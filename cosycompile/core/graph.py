@@ -92,6 +92,10 @@ class Step:
     # Why this machine cannot run the step (its tool is not installed here), or None. A blocked step
     # does not fail the build: every step that does not need it still runs (a split build).
     blocked: Callable[[], str | None] | None = None
+    # The hardware the step must run on: a GPU target's ``sm_tag`` for what builds or runs that GPU's
+    # engines, None for work any CPU machine does. An executor that places steps on a cluster asks
+    # for it; it is not part of the key (the target is).
+    hardware: str | None = None
 
     _key: str | None = field(default=None, repr=False)
     _components: dict[str, Any] | None = field(default=None, repr=False)
@@ -278,6 +282,17 @@ def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _changed_keys(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [prefix.rstrip(".")] if old != new else []
+
+
+NODE_ENV = "COSYCOMPILE_NODE"
+
+
+def node_name() -> str:
+    """What built a step, as entries, manifests and reports name it: ``$COSYCOMPILE_NODE`` (a cluster
+    node's label) or the host name."""
+    import socket
+
+    return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
 class Executor:
@@ -479,6 +494,7 @@ class Executor:
                         dt = time.perf_counter() - t0
                         entry = self.store.commit(key, stage, {
                             "step": s.name, "components": comps, "meta": meta, "seconds": dt, "peak_rss_mb": peak,
+                            "node": node_name(),
                         })
             dt = time.perf_counter() - t0
             if built_here:

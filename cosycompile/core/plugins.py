@@ -17,7 +17,7 @@ from importlib import metadata
 from types import ModuleType
 from typing import Any
 
-KINDS = ("stages", "backends", "quantize", "exporters", "families")
+KINDS = ("stages", "backends", "quantize", "exporters", "families", "executors")
 
 
 class PluginError(RuntimeError):

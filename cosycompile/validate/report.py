@@ -126,9 +126,10 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     steps = report.get("build_steps", {})
     if steps:
         lines += ["## Build steps", ""]
-        lines += _table(["step", "key", "seconds (when built)", "peak RSS MB (when built)"],
+        lines += _table(["step", "key", "seconds (when built)", "peak RSS MB (when built)", "built on"],
                         [[n, v.get("key", "")[:12], v.get("seconds"),
-                          None if v.get("peak_rss_mb") is None else round(v["peak_rss_mb"])] for n, v in steps.items()])
+                          None if v.get("peak_rss_mb") is None else round(v["peak_rss_mb"]), v.get("node")]
+                         for n, v in steps.items()])
         lines.append("")
     if report.get("audio"):
         lines += ["Audio (reference and built, side by side): " + ", ".join(f"audio/{a}" for a in report["audio"]), ""]

@@ -18,19 +18,10 @@ from pathlib import Path
 import pytest
 
 from cosycompile.core import hashing
-from tests.helpers import EVAL_SET, REPO, write_recipe
+from tests.helpers import EVAL_SET, REPO, fake_distribution as _fake_dist, write_recipe
 
 TORCH = metadata.version("torch").split("+")[0]
 ORT = metadata.version("onnxruntime").split("+")[0]
-
-
-def _fake_dist(folder: Path, name: str, version: str, top_level: str | None = None) -> None:
-    """A dist-info as pip writes it, holding only what importlib.metadata reads."""
-    info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    if top_level is not None:
-        (info / "top_level.txt").write_text(top_level + "\n")
 
 
 def _env(fake: Path) -> dict[str, str]:

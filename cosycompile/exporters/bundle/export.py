@@ -79,7 +79,8 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
             "target": recipe.target,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "key": plan.final.key(store),
-            "steps": {name: {"key": e.key, "seconds": e.meta.get("seconds"), "peak_rss_mb": e.meta.get("peak_rss_mb")}
+            "steps": {name: {"key": e.key, "seconds": e.meta.get("seconds"), "peak_rss_mb": e.meta.get("peak_rss_mb"),
+                             "node": e.meta.get("node")}
                       for name, e in result.entries.items()},
             "stages": {s: {"backend": recipe.stage(s).engine.backend,
                            "precision": recipe.typed(s)["quantize"].format,

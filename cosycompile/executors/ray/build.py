@@ -1,0 +1,233 @@
+"""The Ray executor's driver: the recipes' steps as Ray tasks, each step of the matrix once.
+
+The driver plans every recipe here, merges their steps by key (a ``reference`` or an export that
+several recipes share is one task), and submits a step once its inputs are in the remote cache. A
+step that builds or runs a GPU target's engines asks for the target's ``sm_tag`` as a Ray resource
+(a node started with ``--resources '{"sm89": 1}'`` offers it); every other step asks for one CPU and
+goes to any node. Tasks move no artifact bytes through Ray: each pulls its inputs from the remote
+cache and pushes its output there (:mod:`.task`). A step that no live node can run is left, as in a
+split build (exit 3), after :data:`NO_NODE_GRACE_S` at most: never waited on without end.
+
+When every step of a recipe is built, the recipe is assembled here through the local executor,
+which pulls what the bundle holds from the remote cache and builds nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosycompile.core.graph import BuildResult, Step, topo_order
+from cosycompile.errors import BuildFailed, UserError
+
+POLL_S = 2.0
+# How long a step may wait for a node with its hardware once none is alive (a node restarting
+# rejoins within it; a kind the cluster never had is known at once and left without waiting).
+NO_NODE_GRACE_S = 30.0
+# A task whose node dies is run again elsewhere this many times (Ray's own retry of system failures).
+MAX_RETRIES = 3
+
+
+@dataclass
+class Job:
+    """One step of the matrix (one key), whichever recipes share it."""
+
+    step: Step
+    key: str
+    recipe: Path  # a recipe that has it: the node plans that one
+    recipes: list[str] = field(default_factory=list)
+    state: str = "todo"  # todo, done (in a cache before the build), built, left
+    why: str = ""
+    node: str = ""
+    seconds: float = 0.0
+
+    @property
+    def needs(self) -> str:
+        return self.step.hardware or "CPU"
+
+
+def build(plans: list[Any], store: Any, reporter: Any, *, remote: Any, address: str | None,
+          force: bool = False) -> list[BuildResult]:
+    """Build every plan's steps on the cluster at ``address``, then assemble each recipe here."""
+    from cosycompile.executors.ray.cluster import connect, describe, live_nodes
+
+    assert address is not None  # parse_executor names one or refuses
+    if force:
+        raise UserError("--force with --executor ray: not supported (steps are found by key in the remote "
+                        "cache); remove the entries with `cosycompile cache gc` or build with the local executor")
+    jobs = _jobs(plans, store)
+    _prune(jobs, plans, store, remote)
+    if any(j.state == "todo" for j in jobs.values()):  # a build with nothing to run needs no cluster
+        ray = connect(address)
+        try:
+            nodes = live_nodes(ray)
+            reporter.line(f"ray cluster {address}: {describe(nodes)}")
+            if remote is None and len(nodes) > 1:
+                raise UserError(f"--executor {address}: {len(nodes)} nodes share no cache: give --cache-remote "
+                                "URL (an S3 bucket every node reaches), through which steps pass their outputs")
+            _schedule(ray, jobs, store, remote, reporter)
+        finally:
+            ray.shutdown()
+    return _assemble(plans, jobs, store, reporter, remote)
+
+
+def _jobs(plans: list[Any], store: Any) -> dict[str, Job]:
+    """Every step of every plan by key, in dependency order (dicts keep insertion order)."""
+    jobs: dict[str, Job] = {}
+    for plan in plans:
+        for s in topo_order(plan.steps):
+            key = s.key(store)
+            if key not in jobs:
+                jobs[key] = Job(s, key, Path(plan.recipe.source).resolve())
+            jobs[key].recipes.append(plan.recipe.name)
+    store.stat_cache.save()
+    return jobs
+
+
+def _prune(jobs: dict[str, Job], plans: list[Any], store: Any, remote: Any) -> None:
+    """Mark what is already built (here or in the remote) done, and what nothing needs skipped: a
+    step whose dependents are all built is not run again, whatever became of its own entry."""
+    def built(job: Job) -> bool:
+        if store.lookup(job.key) is not None:
+            return True
+        try:
+            return remote is not None and remote.has(job.key)
+        except Exception as exc:  # noqa: BLE001 - one line, whatever the storage library raised
+            raise UserError(f"remote cache {remote.url}: lookup failed ({_first_line(exc)}); the cluster's tasks "
+                            "exchange their outputs through it") from None
+
+    needed: set[str] = set()
+
+    def visit(s: Step) -> None:
+        key = s.key(store)
+        if key in needed or jobs[key].state == "done":
+            return
+        if built(jobs[key]):
+            jobs[key].state, jobs[key].why = "done", "cached"
+            return
+        needed.add(key)
+        for d in s.deps.values():
+            visit(d)
+
+    for plan in plans:
+        for s in plan.steps:
+            visit(s)
+    for key, job in jobs.items():
+        if job.state == "todo" and key not in needed:
+            job.state, job.why = "skip", "not needed: what depends on it is built"
+
+
+def _schedule(ray: Any, jobs: dict[str, Job], store: Any, remote: Any, reporter: Any) -> None:
+    """Submit each step once its inputs are built; wait, a poll at a time; leave what no node can run."""
+    from cosycompile.executors.ray.cluster import live_nodes
+    from cosycompile.executors.ray.task import run_step
+
+    task = ray.remote(run_step)
+    todo = [k for k, j in jobs.items() if j.state == "todo"]
+    total = len(todo)
+    width = max((len(jobs[k].step.name) for k in todo), default=0)
+    number = {k: i for i, k in enumerate(todo, 1)}
+    running: dict[Any, str] = {}
+    unplaceable_since: dict[str, float] = {}
+
+    def tag(key: str) -> str:
+        return f"[{number[key]:>2}/{total}] {jobs[key].step.name:<{width}}"
+
+    def leave(key: str, why: str) -> None:
+        jobs[key].state, jobs[key].why = "left", why
+        reporter.line(f"{tag(key)}  left     ({why})")
+
+    def deps_state(job: Job) -> set[str]:
+        return {jobs[d.key(store)].state for d in job.step.deps.values()}
+
+    while True:
+        nodes = live_nodes(ray)
+        # Left: steps whose input was left, and steps whose hardware no live node offers.
+        for key in todo:
+            job = jobs[key]
+            if job.state != "todo":
+                continue
+            upstream = sorted(d.name for d in job.step.deps.values() if jobs[d.key(store)].state == "left")
+            if upstream:
+                leave(key, f"waits for {', '.join(upstream)}")
+            elif not any(n.offers(job.needs) for n in nodes):
+                leave(key, f"no node of the cluster offers {job.needs}")
+        now = time.monotonic()
+        for ref, key in list(running.items()):
+            if any(n.offers(jobs[key].needs) for n in nodes):
+                unplaceable_since.pop(key, None)
+            elif now - unplaceable_since.setdefault(key, now) > NO_NODE_GRACE_S:
+                ray.cancel(ref, force=True)
+                del running[ref]
+                leave(key, f"the nodes offering {jobs[key].needs} left the cluster")
+        for key in todo:
+            job = jobs[key]
+            if job.state == "todo" and key not in running.values() and deps_state(job) <= {"done", "built"}:
+                # A GPU-kind step is counted in its GPU kind (one at a time per unit a node offers), not in
+                # CPUs: a GPU node started with --num-cpus=0 then takes only the steps that need it.
+                hw = job.step.hardware
+                options = {"num_cpus": 0 if hw else 1, "resources": {hw: 1} if hw else {}, "max_retries": MAX_RETRIES,
+                           "retry_exceptions": False, "name": f"cosycompile {job.step.name}"}
+                ref = task.options(**options).remote(str(job.recipe), job.step.name, key,
+                                                     remote.url if remote is not None else None,
+                                                     str(store.root.resolve()))
+                running[ref] = key
+                job.state = "running"
+                reporter.line(f"{tag(key)}  queued   (needs {job.needs}; in no cache)")
+        if not running:
+            return
+        finished, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
+        for ref in finished:
+            key = running.pop(ref)
+            _finish(ray, ref, jobs[key], running, tag(key), reporter)
+
+
+def _finish(ray: Any, ref: Any, job: Job, running: dict[Any, str], tag: str, reporter: Any) -> None:
+    """Record a finished task; a failed step stops the build with one line (the others are cancelled)."""
+    try:
+        out = ray.get(ref)
+    except Exception as exc:  # noqa: BLE001 - a step's error or a node lost more than MAX_RETRIES times
+        for other in running:
+            ray.cancel(other, force=True)
+        raise BuildFailed(f"step {job.step.name} ({job.key[:12]}) failed on the cluster: {_first_line(exc)}") from None
+    job.node = out.get("node", "")
+    if "left" in out:
+        job.state, job.why = "left", f"node {job.node} cannot run it: {out['left']}"
+        reporter.line(f"{tag}  left     ({job.why})")
+        return
+    job.state, job.seconds = "built", float(out.get("seconds") or 0.0)
+    how = "built" if out.get("ran") else "found"
+    reporter.line(f"{tag}  done     {job.key[:12]}  {job.seconds:.1f}s  {how} on {job.node}")
+
+
+def _first_line(exc: BaseException) -> str:
+    """The step's own error, not Ray's wrapper of it."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # A Ray task error's text ends with the exception line itself.
+    return (lines[-1] if lines else type(cause).__name__)[:300]
+
+
+def _assemble(plans: list[Any], jobs: dict[str, Job], store: Any, reporter: Any, remote: Any) -> list[BuildResult]:
+    """Each recipe's BuildResult: pulled through the local executor when all its steps are built, else
+    the steps the cluster left (a split build)."""
+    from cosycompile.core.graph import Reporter
+    from cosycompile.plan import executor
+
+    results = []
+    for plan in plans:
+        own = {s.key(store): s.name for s in topo_order(plan.steps)}
+        left = {name: jobs[k].why for k, name in own.items() if jobs[k].state == "left"}
+        ran = [name for k, name in own.items() if jobs[k].state == "built"]
+        if left:
+            results.append(BuildResult(ran, [], {}, {}, left))
+            continue
+        reporter.line(f"assembling {plan.recipe.name} here from the remote cache")
+        result = executor(plan, store, Reporter(quiet=True), remote=remote).run()
+        # What this machine ran while assembling is nothing, unless the remote failed it.
+        result.ran = ran + result.ran
+        results.append(result)
+    return results
