@@ -65,7 +65,7 @@ def build(plans: list[Any], store: Any, reporter: Any, *, remote: Any, address: 
             nodes = live_nodes(ray)
             reporter.line(f"ray cluster {address}: {describe(nodes)}")
             if remote is None and len(nodes) > 1:
-                raise UserError(f"--executor {address}: {len(nodes)} nodes share no cache: give --cache-remote "
+                raise UserError(f"Ray cluster {address}: {len(nodes)} nodes share no cache: give --cache-remote "
                                 "URL (an S3 bucket every node reaches), through which steps pass their outputs")
             _schedule(ray, jobs, store, remote, reporter)
         finally:

@@ -124,15 +124,22 @@ class RayNode:
         self.log.close()
 
 
-def wait_for_nodes(n: int, env: dict[str, str], timeout: float = 90) -> None:
-    """Until the cluster has ``n`` live nodes (a bounded wait)."""
+def wait_for_nodes(n: int, env: dict[str, str], timeout: float = 180) -> None:
+    """Until the cluster has ``n`` live nodes (a bounded wait). Ray's own connect retries a GCS that
+    is not listening yet without end, so each probe runs only once the port accepts, under a timeout."""
     probe = ("import ray, logging; ray.init(address='127.0.0.1:%d', logging_level=logging.ERROR); "
              "print(sum(x['Alive'] for x in ray.nodes()))" % GCS_PORT)
     deadline = time.monotonic() + timeout
     seen = ""
     while time.monotonic() < deadline:
-        res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=60)
-        seen = res.stdout.strip()
+        try:
+            with socket.create_connection(("127.0.0.1", GCS_PORT), timeout=2):
+                pass
+            res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                                 timeout=max(5.0, min(60.0, deadline - time.monotonic())))
+            seen = res.stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            seen = ""
         if seen == str(n):
             return
         time.sleep(1)
