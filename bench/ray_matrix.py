@@ -80,7 +80,7 @@ def _run(arm: str, work: Path, recipes: list[Path], env: dict[str, str], server:
     if res.returncode != 0:
         raise SystemExit(f"{arm}: exit {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     placed = re.findall(r"^  (\S+)\s+\S+\s+\S+\s+\w+\s+\d+\s+(.*)$", res.stdout, re.M)
-    return {"arm": arm, "wall_s": wall, "placement": dict(placed[1:]) if placed else {}, **_quality(res.stdout)}
+    return {"arm": arm, "wall_s": wall, "placement": dict(placed), **_quality(res.stdout)}
 
 
 def main() -> int:
