@@ -69,7 +69,7 @@ def _run(arm: str, work: Path, recipes: list[Path], env: dict[str, str], server:
             nodes.append(RayNode("cpu", work, env, head=True, cpus=cpus))
             nodes.append(RayNode("sm89", work, env, head=False, cpus=0, resources='{"sm89": 1}'))
         env = {**env, "RAY_ADDRESS": f"127.0.0.1:{GCS_PORT}"}
-        wait_for_nodes(len(nodes), env)
+        wait_for_nodes(len(nodes), env, nodes=nodes)
     try:
         t0 = time.perf_counter()
         res = subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, timeout=3600)

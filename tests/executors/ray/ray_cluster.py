@@ -8,11 +8,13 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,17 +101,22 @@ class RayNode:
     def __init__(self, label: str, work: Path, env: dict[str, str], head: bool, cpus: int,
                  resources: str | None = None) -> None:
         self.label, self.artifacts = label, work / f"node-{label}"
+        self.temp_dir: Path | None = None
+        self.log_path = work / f"{label}.log"
         args = [str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}",
                 "--object-store-memory=80000000", "--disable-usage-stats"]
         if head:
-            args += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false", f"--temp-dir={work / 'ray'}"]
+            # Ray's sockets live under its temp dir and a socket path may not exceed 107 bytes: pytest's
+            # tmp paths (with xdist's popen-gwN) are too deep for it, so the head gets a short one.
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="ccray-", dir="/tmp"))
+            args += ["--head", f"--port={GCS_PORT}", "--include-dashboard=false", f"--temp-dir={self.temp_dir}"]
         else:
             args += [f"--address=127.0.0.1:{GCS_PORT}"]
         if resources:
             args.append(f"--resources={resources}")
         node_env = {**env, "COSYCOMPILE_NODE": label, "COSYCOMPILE_NODE_ARTIFACTS": str(self.artifacts),
                     "RAY_USAGE_STATS_ENABLED": "0"}
-        self.log = open(work / f"{label}.log", "wb")
+        self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, env=node_env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
@@ -122,9 +129,11 @@ class RayNode:
                 pass
         self.proc.wait(timeout=30)
         self.log.close()
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def wait_for_nodes(n: int, env: dict[str, str], timeout: float = 180) -> None:
+def wait_for_nodes(n: int, env: dict[str, str], timeout: float = 180, nodes: "list[RayNode] | None" = None) -> None:
     """Until the cluster has ``n`` live nodes (a bounded wait). Ray's own connect retries a GCS that
     is not listening yet without end, so each probe runs only once the port accepts, under a timeout."""
     probe = ("import ray, logging; ray.init(address='127.0.0.1:%d', logging_level=logging.ERROR); "
@@ -132,6 +141,10 @@ def wait_for_nodes(n: int, env: dict[str, str], timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     seen = ""
     while time.monotonic() < deadline:
+        for node in nodes or []:
+            if node.proc.poll() is not None:  # `ray start --block` ended: the node is not coming
+                tail = node.log_path.read_text(errors="replace").strip().splitlines()[-3:]
+                raise AssertionError(f"ray node {node.label} exited {node.proc.returncode}: " + " | ".join(tail))
         try:
             with socket.create_connection(("127.0.0.1", GCS_PORT), timeout=2):
                 pass

@@ -56,7 +56,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
                  "sm89": RayNode("sm89", work, {**env, "PYTHONPATH": str(cuda)}, head=False, cpus=0,
                                  resources='{"sm89": 1}')}
         env = {**env, "RAY_ADDRESS": f"127.0.0.1:{6379}"}
-        wait_for_nodes(2, env)
+        wait_for_nodes(2, env, nodes=list(nodes.values()))
         recipes = {n: _recipe(work, n) for n in ("cpu-int8", "rtx4090-fp16", "h100-fp8")}
         # Exports no other test has built, so that their steps really run on the nodes.
         recipes["kill-node"] = _recipe(work, "cpu-int8", opset=19, file="kill-node")
@@ -198,7 +198,7 @@ def test_a_node_killed_mid_step_the_step_runs_again_elsewhere(cluster: dict[str,
     work = cluster["work"]
     extra = RayNode("cpu2", work, {k: v for k, v in cluster["env"].items() if k != "RAY_ADDRESS"}, head=False, cpus=1)
     try:
-        wait_for_nodes(3, cluster["env"])
+        wait_for_nodes(3, cluster["env"], nodes=[*cluster["nodes"].values(), extra])
         url = f"s3://{cluster['server'].new_bucket()}/team"
         driver = _driver(cluster, "kill-node", url, work / "driver-kill-node", "export")
         victim = None
