@@ -44,11 +44,18 @@ def discover(kind: str) -> dict[str, Any]:
             continue
         module = importlib.import_module(f"{pkg.__name__}.{mod.name}")
         found[mod.name] = _info(module, mod.name, module.__name__)
-    for ep in metadata.entry_points(group=f"cosycompile.{kind}"):
+    for ep in _entry_points().select(group=f"cosycompile.{kind}"):
         if ep.name in found:
             raise PluginError(f"entry point {ep.value} ({ep.group}) reuses the name '{ep.name}' of a built-in plug-in")
         found[ep.name] = _info(ep.load(), ep.name, ep.value)
     return found
+
+
+@lru_cache(maxsize=1)
+def _entry_points() -> metadata.EntryPoints:
+    # One scan of the installed distributions for every kind: each scan reads every dist-info, and a
+    # no-op build discovers several kinds.
+    return metadata.entry_points()
 
 
 def load_object(ref: str) -> Any:
