@@ -49,6 +49,13 @@ class FamilyInfo:
     # (CosyVoice3's LM was trained on an instruction ending in ``<|endofprompt|>``; upstream asserts it).
     prompt_instruction: str = ""
     prompt_marker: str = ""
+    # The prompt mel the flow is conditioned on, as upstream's ``feat_extractor``: (sample rate, n_fft =
+    # window, hop); and the mel frames kept per prompt speech token (0: the mel is not trimmed to them).
+    prompt_mel: tuple[int, int, int] = (24000, 1920, 480)
+    prompt_mel_frames_per_token: int = 2
+    # (model dir) -> the text tokenizer of a real model dir (``encode(text) -> ids`` and ``file``, the file
+    # an error about it names); empty: the Qwen tokenizer in ``CosyVoice-BlankEN``.
+    text_tokenizer: str = ""
     loader: str = ".loader:load_models"  # (model_dir, stages) -> LoadedModels
     init_model: str = ".loader:init_model"  # (spec, out_dir, seed) -> the built-in written as a model dir
     check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight

@@ -1,10 +1,10 @@
 """Text and prompt front end: what turns an eval item into LM/flow inputs.
 
 It is not compiled, and it is the same for the reference and for every build. A real model dir
-uses the Qwen tokenizer in ``CosyVoice-BlankEN`` and the ``campplus.onnx`` model and its family's
-speech tokenizer (``speech_tokenizer_v2.onnx``, ``_v3``, ...) through ONNX Runtime; a built-in model
-(``builtin.json``) uses a byte-level stand-in tokenizer and the small stand-in ONNX models
-``init-model`` writes.
+uses its family's text tokenizer (the Qwen tokenizer in ``CosyVoice-BlankEN`` unless the family names
+another), the ``campplus.onnx`` model and its family's speech tokenizer (``speech_tokenizer_v2.onnx``,
+``_v3``, ...) through ONNX Runtime, and its family's prompt mel; a built-in model (``builtin.json``)
+uses a byte-level stand-in tokenizer and the small stand-in ONNX models ``init-model`` writes.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from cosycompile.errors import DataError, ModelError
 from cosycompile.runtime.pipeline import Prompt
 
 PROMPT_SR = 16000
-SAMPLE_RATE = 24000
 
 
 def frontend_family(root: Path) -> Any:
@@ -56,14 +55,22 @@ class Frontend:
         family = frontend_family(self.model_dir)
         tokenizer_name = family.speech_tokenizer
         self.instruction, self.marker = family.prompt_instruction, family.prompt_marker
+        self.mel_rate, self.mel_n_fft, self.mel_hop = family.prompt_mel
+        self.mel_per_token = family.prompt_mel_frames_per_token
         marker = self.model_dir / "builtin.json"
         self.builtin = json.loads(marker.read_text()) if marker.is_file() else None
         qwen_dir = self.model_dir / "CosyVoice-BlankEN"
         if self.builtin is not None:
-            cfg = json.loads((qwen_dir / "config.json").read_text())
-            self.vocab_size = int(cfg["vocab_size"])
+            # A family without a Qwen body writes its text vocabulary's size into the marker.
+            if "text_vocab_size" in self.builtin:
+                self.vocab_size = int(self.builtin["text_vocab_size"])
+            else:
+                self.vocab_size = int(json.loads((qwen_dir / "config.json").read_text())["vocab_size"])
             self._tok = None
             self.tokenizer_file = marker
+        elif family.text_tokenizer:
+            self._tok = family.hook("text_tokenizer")(self.model_dir)
+            self.tokenizer_file = self._tok.file
         else:
             # The file transformers builds the tokenizer from (tokenizer.json wins over vocab.json + merges.txt),
             # so that an error about the ids names what to fix.
@@ -144,13 +151,15 @@ class Frontend:
 
     def prompt_features(self, wav: np.ndarray, sr: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(speech tokens, mel, speaker embedding) of prompt audio: the costly part of a prompt (two ONNX
-        models and a mel), what a bundle's speaker cache keeps. The mel is trimmed to exactly 2 frames
-        per kept prompt token, as CosyVoice2 does."""
+        models and a mel), what a bundle's speaker cache keeps. The mel is the family's; where the family
+        says so (CosyVoice2 and later: 2) the tokens and the mel are trimmed to that many frames per token."""
         wav16k = resample(wav, sr, PROMPT_SR) if sr != PROMPT_SR else wav
         tokens = self.speech_tokens(wav16k)
-        mel = mel_spectrogram(resample(wav16k, PROMPT_SR, SAMPLE_RATE), SAMPLE_RATE)
-        n = min(mel.shape[1] // 2, len(tokens))
-        return tokens[:n], np.ascontiguousarray(mel[:, : 2 * n].astype(np.float32)), self.speaker_embedding(wav16k)
+        mel = mel_spectrogram(resample(wav16k, PROMPT_SR, self.mel_rate), self.mel_rate, self.mel_n_fft, self.mel_hop)
+        if self.mel_per_token:
+            n = min(mel.shape[1] // self.mel_per_token, len(tokens))
+            tokens, mel = tokens[:n], mel[:, : self.mel_per_token * n]
+        return tokens, np.ascontiguousarray(mel.astype(np.float32)), self.speaker_embedding(wav16k)
 
     def prompt(self, wav: np.ndarray, sr: int, prompt_text: str, text: str = "") -> Prompt:
         """Prompt features of prompt audio and its text (see :meth:`prompt_from_features`)."""
