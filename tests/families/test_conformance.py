@@ -90,9 +90,14 @@ def test_parts_give_every_graph_of_every_stage_its_specs_shapes(name: str) -> No
                 outs = modules[spec.name](*(torch.from_numpy(dummy[n]) for n in spec.input_names))
             outs = outs if isinstance(outs, (tuple, list)) else (outs,)
             assert len(outs) == len(spec.outputs), (stage, spec.name)
+            # A dynamic dim that no input has is the network's to choose (the flow encoder's frames: two per
+            # token in CosyVoice2 and 3, one in CosyVoice-300M, whose regulator stretches them later).
+            free = {d.name for d in spec.dims} - {e for t in spec.inputs for e in t.shape if isinstance(e, str)}
             for tensor, out in zip(spec.outputs, outs):
-                want = spec.shape(tensor, consts, sizes)  # the dims' example sizes are consistent with each other
-                assert list(out.shape) == [int(w) for w in want], (spec.name, tensor.name, tuple(out.shape), want)
+                want = spec.shape(tensor, consts, sizes)
+                assert len(out.shape) == len(want), (spec.name, tensor.name, tuple(out.shape), want)
+                for got, w, entry in zip(out.shape, want, tensor.shape):
+                    assert got >= 1 if entry in free else got == int(w), (spec.name, tensor.name, tuple(out.shape), want)
                 assert torch.isfinite(out).all(), (spec.name, tensor.name)
 
 

@@ -34,8 +34,9 @@ def test_one_calibration_per_family(plans: dict[str, dict[str, str]]) -> None:
     by_family: dict[str, set[str]] = defaultdict(set)
     for name, keys in plans.items():
         if "calibrate" in keys:
-            by_family["cosyvoice3" if name.startswith("cv3-") else "cosyvoice2"].add(keys["calibrate"])
-    assert set(by_family) == {"cosyvoice2", "cosyvoice3"}
+            family = {"cv3-": "cosyvoice3", "cv1-": "cosyvoice"}.get(name[:4], "cosyvoice2")
+            by_family[family].add(keys["calibrate"])
+    assert set(by_family) == {"cosyvoice", "cosyvoice2", "cosyvoice3"}
     assert all(len(keys) == 1 for keys in by_family.values()), dict(by_family)
 
 

@@ -60,7 +60,7 @@ def test_missing_file_fails_before_any_step(name: str, tmp_path: Path, tiny_mode
     model = copy_model(tiny_model_dir, tmp_path / "model")
     (model / name).unlink()
     # Without its config file a dir is no family's: the error says which config files it looked for.
-    needle = f"{model}: holds no model config of a known family (one of: {name}" if name == "cosyvoice2.yaml" \
+    needle = f"{model}: holds no model config of a known family (one of: " if name == "cosyvoice2.yaml" \
         else f"{model / name}: missing"
     _assert_fails_before_any_step(model, tmp_path, needle)
 

@@ -1,0 +1,264 @@
+"""The CFM estimator of CosyVoice-300M: upstream's non-causal 1-D UNet (``cosyvoice.flow.decoder.ConditionalDecoder``).
+
+Built from Matcha-TTS's blocks (``matcha/models/components/decoder.py``, ``transformer.py``) with
+diffusers' attention and feed-forward names, so the keys are upstream's: ``time_mlp.linear_1``,
+``down_blocks.0.0.block1.block.1.weight`` (GroupNorm), ``down_blocks.0.1.0.attn1.to_q.weight``,
+``down_blocks.0.2.conv.weight`` (the stride-2 downsampling), ``up_blocks.0.2.conv.weight`` (the
+transposed-conv upsampling), ``final_block``, ``final_proj``.
+
+Each channel level but the last halves the frames (a stride-2 conv) and its mask (every other
+frame); the up path doubles them back and crops to the skip connection, so any T >= 1 works, odd
+ones included, and the length is never branched on in Python (T stays dynamic under export).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import EstimatorConfig
+
+
+class SinusoidalPosEmb(nn.Module):
+    """Sinusoidal embedding of the flow time t in [0, 1], scaled by 1000 (Matcha-TTS)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"the time embedding needs an even width, got {dim}")
+        self.dim = dim
+
+    def forward(self, t: torch.Tensor, scale: float = 1000.0) -> torch.Tensor:
+        """[B] -> [B, dim]: sin half, then cos half."""
+        half = self.dim // 2
+        freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
+        emb = scale * t[:, None] * freqs[None, :]
+        return torch.cat([emb.sin(), emb.cos()], dim=-1)
+
+
+class TimestepEmbedding(nn.Module):
+    """Linear, SiLU, linear on the time embedding; keys ``linear_1``, ``linear_2``."""
+
+    def __init__(self, in_channels: int, time_embed_dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_channels, time_embed_dim)
+        self.act = nn.SiLU()
+        self.linear_2 = nn.Linear(time_embed_dim, time_embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, in_channels] -> [B, time_embed_dim]."""
+        return self.linear_2(self.act(self.linear_1(x)))
+
+
+class Block1D(nn.Module):
+    """Conv1d (k3, pad 1), GroupNorm, Mish; the input and output are masked."""
+
+    def __init__(self, dim: int, dim_out: int, groups: int = 8) -> None:
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv1d(dim, dim_out, 3, padding=1), nn.GroupNorm(groups, dim_out), nn.Mish())
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [B, dim, T], mask [B, 1, T] -> [B, dim_out, T]."""
+        return self.block(x * mask) * mask
+
+
+class ResnetBlock1D(nn.Module):
+    """Two Block1Ds with the time embedding added between them, plus a 1x1 residual conv."""
+
+    def __init__(self, dim: int, dim_out: int, time_emb_dim: int, groups: int = 8) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_emb_dim, dim_out))
+        self.block1 = Block1D(dim, dim_out, groups)
+        self.block2 = Block1D(dim_out, dim_out, groups)
+        self.res_conv = nn.Conv1d(dim, dim_out, 1)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """x [B, dim, T], mask [B, 1, T], t [B, time_emb_dim] -> [B, dim_out, T]."""
+        h = self.block1(x, mask) + self.mlp(t)[:, :, None]
+        return self.block2(h, mask) + self.res_conv(x * mask)
+
+
+class Downsample1D(nn.Module):
+    """Stride-2 conv (k3, pad 1): T -> ceil(T / 2); key ``conv``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(dim, dim, 3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, dim, T] -> [B, dim, ceil(T / 2)]."""
+        return self.conv(x)
+
+
+class Upsample1D(nn.Module):
+    """Transposed conv (k4, stride 2, pad 1): T -> 2T; key ``conv``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(dim, dim, 4, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, dim, T] -> [B, dim, 2T]."""
+        return self.conv(x)
+
+
+class Attention(nn.Module):
+    """diffusers' self-attention as Matcha configures it: to_q/k/v without bias, to_out.0 with bias."""
+
+    def __init__(self, dim: int, heads: int, dim_head: int) -> None:
+        super().__init__()
+        inner = heads * dim_head
+        self.heads, self.dim_head = heads, dim_head
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """x [B, T, dim], additive bias [B, T, T] -> [B, T, dim]."""
+        B, T, _ = x.shape
+        q, k, v = (lin(x).view(B, T, self.heads, self.dim_head).transpose(1, 2)
+                   for lin in (self.to_q, self.to_k, self.to_v))
+        # diffusers' AttnProcessor2_0 runs SDPA too; the bias broadcasts over the heads.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias[:, None])
+        return self.to_out[0](out.transpose(1, 2).reshape(B, T, self.heads * self.dim_head))
+
+
+class GELUProj(nn.Module):
+    """diffusers' ``GELU`` activation module: a projection, then exact GELU; key ``proj``."""
+
+    def __init__(self, dim_in: int, dim_out: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim_in, dim_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., dim_in] -> [..., dim_out]."""
+        return F.gelu(self.proj(x))
+
+
+class FeedForward(nn.Module):
+    """Matcha's feed-forward with ``act_fn: gelu``: ``net.0`` GELU projection x4, ``net.2`` back."""
+
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        self.net = nn.ModuleList([GELUProj(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., dim] -> [..., dim]."""
+        for m in self.net:
+            x = m(x)
+        return x
+
+
+class BasicTransformerBlock(nn.Module):
+    """Matcha's transformer block without cross-attention: pre-norm self-attention, pre-norm feed-forward."""
+
+    def __init__(self, dim: int, heads: int, dim_head: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = Attention(dim, heads, dim_head)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """x [B, T, dim], additive bias [B, T, T] -> [B, T, dim]."""
+        x = x + self.attn1(self.norm1(x), bias)
+        return x + self.ff(self.norm3(x))
+
+
+def attention_bias(mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T] frame mask -> [B, T, T] additive bias: 0 where the key is kept, -1e10 where masked.
+
+    Upstream (``add_optional_chunk_mask`` without chunks, then ``mask_to_bias``) lets an utterance
+    whose mask is all zero attend to every frame rather than to none; so does this. The bias is the
+    same for every query, and spelled out per query as upstream's is: ONNX Runtime fuses the attention
+    into its MultiHeadAttention kernel, which takes a bias of [B, 1, T, T] but not one of [B, 1, 1, T].
+    """
+    keep = mask > 0
+    keep = keep | ~keep.any(dim=-1, keepdim=True)
+    return ((1.0 - keep.to(mask.dtype)) * -1.0e10).expand(-1, mask.shape[-1], -1)
+
+
+class ConditionalDecoder(nn.Module):
+    """estimator(x, mask, mu, t, spks, cond) -> velocity [B, 80, T] (upstream's ``ConditionalDecoder``)."""
+
+    def __init__(self, cfg: EstimatorConfig) -> None:
+        super().__init__()
+        channels = tuple(cfg.channels)
+        self.time_embeddings = SinusoidalPosEmb(cfg.in_channels)
+        temb = channels[0] * 4
+        self.time_mlp = TimestepEmbedding(cfg.in_channels, temb)
+
+        def transformers(dim: int) -> nn.ModuleList:
+            return nn.ModuleList(BasicTransformerBlock(dim, cfg.num_heads, cfg.attention_head_dim)
+                                 for _ in range(cfg.n_blocks))
+
+        # Every level but the last ends in a stride-2 conv; the last keeps its length (a plain k3 conv).
+        self.down_blocks = nn.ModuleList()
+        out_ch = cfg.in_channels
+        for i, ch in enumerate(channels):
+            in_ch, out_ch = out_ch, ch
+            last = i == len(channels) - 1
+            self.down_blocks.append(nn.ModuleList([
+                ResnetBlock1D(in_ch, out_ch, temb), transformers(out_ch),
+                nn.Conv1d(out_ch, out_ch, 3, padding=1) if last else Downsample1D(out_ch)]))
+        self.mid_blocks = nn.ModuleList(
+            nn.ModuleList([ResnetBlock1D(channels[-1], channels[-1], temb), transformers(channels[-1])])
+            for _ in range(cfg.num_mid_blocks))
+        # Each up level takes the previous output and the skip (twice the channels); all but the
+        # last end in a x2 transposed conv.
+        up = channels[::-1] + (channels[0],)
+        self.up_blocks = nn.ModuleList()
+        for i in range(len(up) - 1):
+            last = i == len(up) - 2
+            self.up_blocks.append(nn.ModuleList([
+                ResnetBlock1D(up[i] * 2, up[i + 1], temb), transformers(up[i + 1]),
+                nn.Conv1d(up[i + 1], up[i + 1], 3, padding=1) if last else Upsample1D(up[i + 1])]))
+        self.final_block = Block1D(up[-1], up[-1])
+        self.final_proj = nn.Conv1d(up[-1], cfg.out_channels, 1)
+
+    @staticmethod
+    def _attend(blocks: nn.ModuleList, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        x = x.transpose(1, 2)
+        for blk in blocks:
+            x = blk(x, bias)
+        return x.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, mu: torch.Tensor, t: torch.Tensor, spks: torch.Tensor,
+                cond: torch.Tensor, streaming: bool = False) -> torch.Tensor:
+        """x, mu, cond [B, 80, T], mask [B, 1, T], t [B], spks [B, 80] -> [B, 80, T].
+
+        ``streaming`` is accepted for the CFM's call signature only: this UNet has no chunked mode
+        (upstream's ignores the flag too).
+        """
+        t = self.time_mlp(self.time_embeddings(t).to(t.dtype))
+        x = torch.cat([x, mu, spks[:, :, None].expand(-1, -1, x.shape[-1]), cond], dim=1)
+        skips: list[torch.Tensor] = []
+        masks = [mask]
+        for i, (resnet, blocks, down) in enumerate(self.down_blocks):
+            m = masks[-1]
+            x = self._attend(blocks, resnet(x, m, t), attention_bias(m))
+            skips.append(x)
+            x = down(x * m)
+            # The last level keeps its length; upstream halves its mask too but never reads it (and
+            # an unused halving would still make the exporter guard its length).
+            if i < len(self.down_blocks) - 1:
+                masks.append(m[:, :, ::2])
+        m = masks[-1]
+        bias = attention_bias(m)
+        for resnet, blocks in self.mid_blocks:
+            x = self._attend(blocks, resnet(x, m, t), bias)
+        for resnet, blocks, upsample in self.up_blocks:
+            m = masks.pop()
+            skip = skips.pop()
+            # The x2 upsampling of ceil(T / 2) frames gives T + 1 for odd T: crop to the skip. By
+            # index, not a slice: a slice makes the exporter prove T <= 2 * ceil(T / 2), which it cannot.
+            keep = torch.arange(skip.shape[-1], device=x.device)
+            x = torch.cat([x.index_select(2, keep), skip], dim=1)
+            x = self._attend(blocks, resnet(x, m, t), attention_bias(m))
+            x = upsample(x * m)
+        x = self.final_block(x, m)
+        return self.final_proj(x * m) * mask

@@ -1,0 +1,89 @@
+"""The one way CosyVoice-300M networks are built for a build: from a model dir in upstream's 300M layout.
+
+``init_model`` writes the built-in models (``builtin:cv1-tiny``, ``builtin:cv1-random-300m``) in that
+layout, so they go through exactly the same loading as a real checkpoint; ``load_models`` reads
+``cosyvoice.yaml`` safely and loads each ``.pt`` with ``weights_only=True`` and strict keys and shapes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from cosycompile.errors import ModelError
+from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+                                              voice_f0_predictor, write_frontend_standins, write_seeded_checkpoints)
+from .hift import HiFTGenerator
+from cosycompile.families.model_dir import BUILTIN_MARKER
+
+from . import CONFIG_FILE, SPEECH_TOKENIZER
+from .config import CosyVoiceConfig, cv1_300m, cv1_tiny
+from .flow import MaskedDiffWithXvec
+from .lm import TransformerLM
+from .yaml_read import read_model_config, yaml_text
+
+MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
+# This family's registry name is its folder's, so a renamed copy of the folder loads as that new family.
+FAMILY = __name__.rsplit(".", 2)[-2]
+PRESETS: dict[str, CosyVoiceConfig] = {"cv1-tiny": cv1_tiny(), "cv1-random-300m": cv1_300m()}
+
+# Networks are built from the config with random weights; checkpoints are loaded into them.
+BUILDERS: dict[str, Callable[[CosyVoiceConfig], nn.Module]] = {
+    "llm": lambda cfg: TransformerLM(cfg.lm),
+    "flow": lambda cfg: MaskedDiffWithXvec(cfg.flow),
+    "hift": lambda cfg: HiFTGenerator(cfg.hift),
+}
+
+
+def _prepare(stage: str, net: nn.Module) -> None:
+    """Random weights that keep every stage's output finite and non-degenerate."""
+    if stage == "llm":
+        init_weights(net)
+        # The head's last row is eos: a random one would stop a random LM on its first token, and a
+        # check of zero tokens measures nothing. At logit 0 it loses to the best speech token's logit,
+        # so the LM speaks to its length limit.
+        with torch.no_grad():
+            net.llm_decoder.weight[-1] = 0.0
+            net.llm_decoder.bias[-1] = 0.0
+    if stage == "flow":
+        init_weights(net)
+        # The UNet's blocks and the length regulator normalize with GroupNorm, which the shared init
+        # leaves at zero scale (it knows LayerNorm): zero would silence every block, the estimator's
+        # velocity would be 0 and a check would compare noise with noise.
+        with torch.no_grad():
+            for m in net.modules():
+                if isinstance(m, nn.GroupNorm):
+                    m.weight.fill_(1.0)
+    if stage == "hift":
+        # PyTorch's default init, as a fresh upstream HiFT has; the F0 predictor is centred on a speaking
+        # pitch so that the NSF source is not silent.
+        voice_f0_predictor(net)
+
+
+def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write ``builtin:<name>`` as a model dir in CosyVoice-300M's layout (atomically)."""
+    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
+    if name not in PRESETS:
+        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + p for p in PRESETS)})")
+    cfg = PRESETS[name]
+    with staged_dir(Path(out_dir)) as tmp:
+        (tmp / CONFIG_FILE).write_text(yaml_text(cfg))
+        write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, _prepare)
+        write_frontend_standins(tmp, seed, SPEECH_TOKENIZER, speech_tokens=cfg.lm.speech_token_size)
+        # No Qwen2 config holds this family's text vocabulary: the front end's stand-in tokenizer reads it here.
+        (tmp / BUILTIN_MARKER).write_text(json.dumps({"builtin": name, "seed": seed,
+                                                      "text_vocab_size": cfg.lm.text_token_size}, indent=2))
+    return Path(out_dir)
+
+
+# Upstream strips ``generator.`` from hift.pt's keys before loading it (a GAN checkpoint's prefix).
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, PRESETS.__getitem__,
+                      init_model)
+load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
+
+__all__ = ["BUILDERS", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",
+           "meta_network", "read_model_config"]
