@@ -56,6 +56,9 @@ class FamilyInfo:
     # (model dir) -> the text tokenizer of a real model dir (``encode(text) -> ids`` and ``file``, the file
     # an error about it names); empty: the Qwen tokenizer in ``CosyVoice-BlankEN``.
     text_tokenizer: str = ""
+    # (front-end dir) -> the speakers a model ships, as ``runtime.speakers.Speaker`` (CosyVoice-300M-SFT's
+    # x-vectors); written into every bundle of the model. Empty: none.
+    model_speakers: str = ""
     loader: str = ".loader:load_models"  # (model_dir, stages) -> LoadedModels
     init_model: str = ".loader:init_model"  # (spec, out_dir, seed) -> the built-in written as a model dir
     check_checkpoint: str = ".loader:check_checkpoint"  # (model_dir, stage): keys and shapes, pre-flight

@@ -6,6 +6,8 @@ bundle as ``speakers/<name>.npz`` (speech tokens, mel, embedding, and the prompt
 tokenized per request because the family's instruction depends on what is said). The file is
 listed in the bundle's manifest with its digest and size like every other file, so ``pack``,
 ``unpack`` and the digest checks carry and guard it, and the build still finds the bundle intact.
+A model that ships speakers (CosyVoice-300M-SFT's ``spk2info.pt``: an x-vector per name, no prompt
+audio) has them written here when its bundle is assembled (the family's ``model_speakers`` hook).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import fcntl
 import json
 import os
 import re
+import unicodedata
 import uuid
 from contextlib import contextmanager
+from urllib.parse import quote, unquote
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,7 +30,9 @@ from cosycompile.errors import UserError
 from cosycompile.runtime.bundle import MANIFEST, read_manifest, verify_files
 
 SPEAKERS_DIR = "speakers"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Letters of any script (an SFT model's speakers are named 中文女, 英文男, ...), digits, '.', '_', '-':
+# a file name, never a path.
+_NAME = re.compile(r"[^\W_][\w.-]{0,63}")
 # A 30 s prompt: 750 tokens, an 80 x 1500 mel, a 192-dim embedding: well under 1 MB.
 MAX_SPEAKER_BYTES = 4 << 20
 _ARRAYS = ("speech_tokens", "mel", "embedding", "prompt_text")
@@ -52,18 +58,23 @@ def check_name(name: str) -> str:
     if not _NAME.fullmatch(name or ""):
         raise UserError(f"speaker name {name[:80]!r}: use 1-64 letters, digits, '.', '_' or '-', "
                         f"starting with a letter or digit")
+    # Letters of any script, but one spelling per name: NFC, so a file written on one machine is found on another.
+    if unicodedata.normalize("NFC", name) != name:
+        raise UserError(f"speaker name {name[:80]!r}: not in Unicode normal form C")
     return name
 
 
 def speaker_file(name: str) -> str:
-    """The bundle-relative path of speaker ``name``."""
-    return f"{SPEAKERS_DIR}/{check_name(name)}.npz"
+    """The bundle-relative path of speaker ``name``: percent-encoded past ASCII (``中文女`` ->
+    ``%E4%B8%AD%E6%96%87%E5%A5%B3``), since servers may run with an ASCII file-system encoding."""
+    return f"{SPEAKERS_DIR}/{quote(check_name(name), safe='')}.npz"
 
 
 def speaker_names(manifest: dict[str, Any]) -> list[str]:
     """The speakers a bundle's manifest lists, sorted."""
     prefix = f"{SPEAKERS_DIR}/"
-    return sorted(rel[len(prefix):-4] for rel in manifest["files"] if rel.startswith(prefix) and rel.endswith(".npz"))
+    return sorted(unquote(rel[len(prefix):-4]) for rel in manifest["files"]
+                  if rel.startswith(prefix) and rel.endswith(".npz"))
 
 
 def load_speaker(bundle: Path, manifest: dict[str, Any], name: str) -> Speaker:
@@ -82,11 +93,29 @@ def load_speaker(bundle: Path, manifest: dict[str, Any], name: str) -> Speaker:
     except (OSError, ValueError, KeyError) as exc:
         raise UserError(f"{bundle / rel}: not a speaker file ({exc.__class__.__name__})") from None
     tokens, mel, emb = arrays["speech_tokens"], arrays["mel"], arrays["embedding"]
-    if not (tokens.ndim == 1 and tokens.dtype == np.int64 and mel.ndim == 2 and mel.shape[1] == 2 * len(tokens)
+    if not (tokens.ndim == 1 and tokens.dtype == np.int64 and mel.ndim == 2 and _frames_fit(mel.shape[1], len(tokens),
+                                                                                          manifest)
             and mel.dtype == np.float32 and emb.ndim == 1 and emb.dtype == np.float32
             and np.isfinite(mel).all() and np.isfinite(emb).all()):
         raise UserError(f"{bundle / rel}: arrays of the wrong shape or type for a speaker")
     return Speaker(name, str(arrays["prompt_text"]), tokens, mel, emb)
+
+
+def _frames_fit(frames: int, tokens: int, manifest: dict[str, Any]) -> bool:
+    """Whether a speaker's prompt mel has as many frames as its tokens make in the bundle's family (CosyVoice2
+    and later: 2 per token; the first generation does not trim, so only none with none)."""
+    from cosycompile.families import LEGACY_FAMILY, family_infos
+
+    family = family_infos().get(str(manifest.get("family", LEGACY_FAMILY)))
+    per = family.prompt_mel_frames_per_token if family is not None else 2
+    return frames == per * tokens if per else (frames == 0) == (tokens == 0)
+
+
+def write_speaker_file(path: Path, speaker: Speaker) -> None:
+    """``speaker`` as the npz a bundle's speaker cache holds (written at ``path`` as is: callers rename)."""
+    with open(path, "wb") as f:
+        np.savez(f, speech_tokens=speaker.speech_tokens.astype(np.int64), mel=speaker.mel.astype(np.float32),
+                 embedding=speaker.embedding.astype(np.float32), prompt_text=np.array(speaker.prompt_text))
 
 
 @contextmanager
@@ -121,10 +150,9 @@ def add_speaker(bundle: Path, speaker: Speaker, replace: bool = False) -> str:
         if rel in manifest["files"] and not replace:
             raise UserError(f"{bundle}: speaker {speaker.name!r} exists (--replace to overwrite it)")
         (bundle / SPEAKERS_DIR).mkdir(exist_ok=True)
-        tmp = bundle / SPEAKERS_DIR / f".{speaker.name}.{os.getpid()}.{uuid.uuid4().hex[:6]}.npz"
+        tmp = bundle / SPEAKERS_DIR / f".{uuid.uuid4().hex}.{os.getpid()}.npz"
         try:
-            np.savez(tmp, speech_tokens=speaker.speech_tokens.astype(np.int64), mel=speaker.mel.astype(np.float32),
-                     embedding=speaker.embedding.astype(np.float32), prompt_text=np.array(speaker.prompt_text))
+            write_speaker_file(tmp, speaker)
             files = dict(manifest["files"], **{rel: sha256_file(tmp)})
             sizes = dict(manifest.get("sizes", {}), **{rel: tmp.stat().st_size})
             os.replace(tmp, bundle / rel)

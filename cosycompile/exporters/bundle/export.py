@@ -69,6 +69,7 @@ def _write(plan: Any, store: Store, result: BuildResult, dest: Path) -> None:
             else:
                 shutil.copytree(f, tmp / f.name, copy_function=link_or_copy)
         _copy_frontend(recipe, result, tmp / FRONTEND_DIR, plan.family)
+        _write_model_speakers(tmp, plan.family)
         manifest = {
             "schema": MANIFEST_SCHEMA,
             "cosycompile": __version__,
@@ -151,6 +152,20 @@ def _copy_frontend(recipe: Any, result: BuildResult, out: Path, family: Any) -> 
         src, copy = recipe.resolve_path(recipe.model), _copy
     for rel in frontend_files(src, family):
         copy(str(src / rel), str(out / rel))
+
+
+def _write_model_speakers(tmp: Path, family: Any) -> None:
+    """The speakers the model ships (its family's ``model_speakers``, read from the bundle's front end) as
+    the bundle's speaker cache, so ``synthesize --speaker`` and the servers find them like added ones."""
+    if not family.model_speakers:
+        return
+    from cosycompile.runtime.speakers import SPEAKERS_DIR, speaker_file, write_speaker_file
+
+    speakers = family.hook("model_speakers")(tmp / FRONTEND_DIR)
+    if speakers:
+        (tmp / SPEAKERS_DIR).mkdir(exist_ok=True)
+    for sp in speakers:
+        write_speaker_file(tmp / speaker_file(sp.name), sp)
 
 
 def _copy(src: str, dst: str) -> None:
