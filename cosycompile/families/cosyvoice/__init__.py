@@ -36,4 +36,5 @@ PLUGIN = FamilyInfo(
     prompt_mel=(22050, 1024, 256),
     prompt_mel_frames_per_token=0,
     text_tokenizer=".tokenizer:load_text_tokenizer",
+    model_speakers=".speakers:model_speakers",
 )

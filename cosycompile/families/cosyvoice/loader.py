@@ -22,6 +22,7 @@ from cosycompile.families.model_dir import BUILTIN_MARKER
 
 from . import CONFIG_FILE, SPEECH_TOKENIZER
 from .config import CosyVoiceConfig, cv1_300m, cv1_tiny
+from .speakers import write_builtin_speakers
 from .flow import MaskedDiffWithXvec
 from .lm import TransformerLM
 from .yaml_read import read_model_config, yaml_text
@@ -30,6 +31,8 @@ MODEL_FILES = (CONFIG_FILE, "llm.pt", "flow.pt", "hift.pt")
 # This family's registry name is its folder's, so a renamed copy of the folder loads as that new family.
 FAMILY = __name__.rsplit(".", 2)[-2]
 PRESETS: dict[str, CosyVoiceConfig] = {"cv1-tiny": cv1_tiny(), "cv1-random-300m": cv1_300m()}
+# The built-ins ship speakers as the SFT model does (spk2info.pt), named as two of its seven.
+BUILTIN_SPEAKERS = ("中文女", "英文男")
 
 # Networks are built from the config with random weights; checkpoints are loaded into them.
 BUILDERS: dict[str, Callable[[CosyVoiceConfig], nn.Module]] = {
@@ -74,6 +77,7 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
         (tmp / CONFIG_FILE).write_text(yaml_text(cfg))
         write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, _prepare)
         write_frontend_standins(tmp, seed, SPEECH_TOKENIZER, speech_tokens=cfg.lm.speech_token_size)
+        write_builtin_speakers(tmp, BUILTIN_SPEAKERS, seed, cfg.lm.spk_embed_dim)
         # No Qwen2 config holds this family's text vocabulary: the front end's stand-in tokenizer reads it here.
         (tmp / BUILTIN_MARKER).write_text(json.dumps({"builtin": name, "seed": seed,
                                                       "text_vocab_size": cfg.lm.text_token_size}, indent=2))

@@ -87,6 +87,35 @@ def test_unpacked_bundle_alone_reproduces_the_builds_audio(build: dict[str, Any]
     assert _snr_db(ref, got) >= 60.0
 
 
+def test_an_sft_bundle_speaks_as_each_of_its_speakers_with_no_model_dir(build: dict[str, Any], tmp_path: Path) -> None:
+    """The model's spk2info.pt (upstream's SFT speakers) became the bundle's speakers: unpacked elsewhere,
+    with no cache or model dir within reach, the bundle synthesizes as each of them."""
+    import soundfile as sf
+
+    assert build["res"].returncode == 0, "the build failed (see the first test)"
+    names = run_cli("speakers", "ls", str(build["bundle"])).stdout.split()
+    assert names == ["中文女", "英文男"]
+    archive = tmp_path / "sft.tar.gz"
+    assert run_cli("pack", str(build["bundle"]), "-o", str(archive)).returncode == 0
+    unpacked = tmp_path / "fresh" / "bundle"
+    assert run_cli("unpack", str(archive), str(unpacked)).returncode == 0
+    hidden = build["art"].with_name("art.hidden")
+    os.replace(build["art"], hidden)
+    try:
+        wavs = {}
+        for name in names:
+            out = tmp_path / f"{name}.wav"
+            res = run_cli("synthesize", str(unpacked), "--text", "Hello there, one two three.", "--speaker", name,
+                          "--out", str(out), cwd=tmp_path)
+            assert res.returncode == 0, res.stderr[-2000:]
+            wavs[name], sr = sf.read(str(out), dtype="float32")
+            assert sr == 22050 and wavs[name].size > 0 and np.abs(wavs[name]).max() > 0
+    finally:
+        os.replace(hidden, build["art"])
+    a, b = wavs.values()
+    assert a.shape != b.shape or np.abs(a - b).max() > 1e-3, "two speakers, the same voice"
+
+
 def test_tritonserver_serves_the_cpu_repository_with_the_same_audio(build: dict[str, Any], tmp_path: Path) -> None:
     import soundfile as sf
     import tritonclient.http as httpclient
@@ -107,6 +136,15 @@ def test_tritonserver_serves_the_cpu_repository_with_the_same_audio(build: dict[
         inp = httpclient.InferInput("target_text_utf8", list(data.shape), "UINT8")
         inp.set_data_from_numpy(data)
         got = client.infer("cosyvoice_offline", [inp]).as_numpy("waveform")[0]
+        # An SFT speaker by name, as the bundle holds it.
+        spk = np.frombuffer("英文男".encode("utf-8"), np.uint8)[None]
+        spk_in = httpclient.InferInput("speaker_utf8", list(spk.shape), "UINT8")
+        spk_in.set_data_from_numpy(spk)
+        got_spk = client.infer("cosyvoice_offline", [inp, spk_in]).as_numpy("waveform")[0]
     # synthesize writes PCM16: the same samples agree to within its quantization step.
     assert got.shape == want.shape and want.size > 0
     assert np.abs(want - got).max() <= 1.01 / 32768
+    res = run_cli("synthesize", str(build["bundle"]), "--text", text, "--speaker", "英文男", "--out", str(synth))
+    assert res.returncode == 0, res.stderr[-2000:]
+    want_spk, _ = sf.read(str(synth), dtype="float32")
+    assert got_spk.shape == want_spk.shape and np.abs(want_spk - got_spk).max() <= 1.01 / 32768
