@@ -26,7 +26,7 @@ STEP_ORDER = ("export", "simplify", "quantize", "engine", "check")
 
 # Hooks a step that loads the model reaches through the family's registry entry besides its loader:
 # the stage parts (export, reference, quantizers) and the LM's speech vocabulary (its HF rewrite).
-FAMILY_LM_HOOKS = ("parts", "llm_vocab", "llm_vocab_rows")
+FAMILY_LM_HOOKS = ("parts", "llm_vocab", "llm_vocab_rows", "llm_quant_target")
 
 
 @dataclass

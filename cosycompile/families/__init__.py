@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.errors import ModelError
@@ -22,6 +22,17 @@ BUILTIN_PREFIX = "builtin:"
 # Graphs dirs and bundles written before families were plug-ins carry no ``family`` in their info;
 # every one of them was built from a CosyVoice2 model.
 LEGACY_FAMILY = "cosyvoice2"
+
+
+@dataclass(frozen=True)
+class LMQuantTarget:
+    """What the LLM's PyTorch quantizer (``quantize/modelopt_torch``) works on, as the family says."""
+
+    module: Any  # quantized in place: its Linear layers (the Qwen2 body; the 300M Transformer stack)
+    calibrate: Callable[[Any], Any]  # runs ``module`` on one calibration record's inputs_embeds (a tensor)
+    decode_step: Callable[[], Any]  # the ``llm_step`` graph module over the (quantized) LM, for the ONNX export
+    widths: tuple[int, int]  # input features of its attention and FFN projections (a weight block divides them)
+    checkpoints: bool  # whether the Hugging Face / TensorRT-LLM checkpoint exports apply (a Qwen2 body)
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,8 @@ class FamilyInfo:
     # tokenizer; (loaded LM) -> the embedding rows and the speech head's weight and bias.
     llm_vocab: str = ".parts:llm_vocab"
     llm_vocab_rows: str = ".parts:llm_vocab_rows"
+    # (loaded LM) -> :class:`LMQuantTarget`; the Qwen2 families share theirs.
+    llm_quant_target: str = "cosycompile.families.qwen2_steps:quant_target"
     name: str = ""
     package: str = ""
 

@@ -47,6 +47,17 @@ def decode_step_modules(lm: nn.Module) -> Mapping[str, Any]:
                             "llm_step_static": lambda: LLMStaticStep(lm).eval()})
 
 
+def quant_target(lm: nn.Module) -> Any:
+    """What the LLM quantizer quantizes of a Qwen2-based LM (``FamilyInfo.llm_quant_target``): the
+    transformers body, calibrated on the records' embeddings, exported as :class:`LLMDecodeStep`."""
+    from cosycompile.families import LMQuantTarget
+
+    c = lm.cfg
+    return LMQuantTarget(module=lm.qwen, calibrate=lambda x: lm.qwen.model(inputs_embeds=x),
+                         decode_step=lambda: LLMDecodeStep(lm), widths=(c.hidden_size, c.intermediate_size),
+                         checkpoints=True)
+
+
 def _rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     # ``half`` is a Python int (head_dim // 2), not ``x.shape[-1] // 2``: a traced shape becomes
     # Shape/Gather/Div/Unsqueeze nodes feeding the slices, for q and for k in every layer.

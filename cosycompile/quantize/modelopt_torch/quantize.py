@@ -70,7 +70,8 @@ def _check_block_size(hidden: int, inter: int, p: dict[str, Any]) -> None:
 
 
 def check_exclusions(names: list[str], patterns: list[str]) -> None:
-    """Every exclusion wildcard must match a module of the Qwen2 body; a dead pattern is a recipe error."""
+    """Every exclusion wildcard must match a module the LLM quantizer quantizes (the family's
+    ``llm_quant_target``); a dead pattern is a recipe error."""
     for pat in patterns:
         if not any(fnmatch.fnmatch(n, pat) for n in names):
             raise RecipeError(f"stages.llm.quantize.exclude: '{pat}' matches no module of the LM "
@@ -85,7 +86,7 @@ def exclusion_preflight(model_dir_or_builtin: Any, patterns: list[str]) -> None:
     source = model_dir_or_builtin
     family = resolve_family(BUILTIN_PREFIX + source if isinstance(source, str) else source)
     lm = family.hook("meta_network")(source, "llm")
-    check_exclusions([n for n, _ in lm.qwen.named_modules()], patterns)
+    check_exclusions([n for n, _ in family.hook("llm_quant_target")(lm).module.named_modules()], patterns)
 
 
 def _apply_exclusions(model: Any, patterns: list[str]) -> None:
@@ -102,7 +103,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.families import load_models
+    from cosycompile.families import get_family, load_models
     from cosycompile.stages.common import model_dir
     from cosycompile.stages.llm.export import stage_parts
 
@@ -112,22 +113,25 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     torch.manual_seed(0)
     models = load_models(model_dir(ctx), ("llm",), ctx.params.get("family"))
     lm = models.llm
-    c = lm.cfg
-    _check_block_size(c.hidden_size, c.intermediate_size, p)
+    target = get_family(models.family).hook("llm_quant_target")(lm)
+    _check_block_size(*target.widths, p)
+    checkpoints = [e for e in ("hf", "trtllm") if e in p["exports"]]
+    if checkpoints and not target.checkpoints:
+        raise RecipeError(f"stages.llm.quantize.exports: {', '.join(checkpoints)} need a Qwen2 LM; this model's "
+                          f"({models.family}) quantizes to an ONNX decode step only (exports: [onnx])")
     records = load_records(ctx.inputs["calib"], LLM_STEP.name)[: p["calib_items"]] if "calib" in ctx.inputs else []
-    body = lm.qwen.model
 
     def forward_loop(_: Any) -> None:
         with torch.no_grad():
             for r in ctx.progress(records, desc="calibration forward"):
-                body(inputs_embeds=torch.from_numpy(r["inputs_embeds"]))
+                target.calibrate(torch.from_numpy(r["inputs_embeds"]))
 
     if not records and p["format"] != "int8_wo":
         raise ModelError("llm.quantize: no calibration records (the calibration set produced none)")
     cfg = quant_config(p)
     ctx.log(f"ModelOpt {_CONFIGS[p['format']]} ({cfg['algorithm']}) on {len(records)} sequences")
-    mtq.quantize(lm.qwen, cfg, forward_loop if records else None)
-    _apply_exclusions(lm.qwen, p["exclude"])
+    mtq.quantize(target.module, cfg, forward_loop if records else None)
+    _apply_exclusions(target.module, p["exclude"])
     meta: dict[str, Any] = {"format": p["format"], "calib_sequences": len(records)}
 
     if "hf" in p["exports"]:
@@ -136,7 +140,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         meta["trtllm"] = _export_trtllm(copy.deepcopy(lm), models.config, model_dir(ctx), ctx.out / "trtllm",
                                         models.family)
     if "onnx" in p["exports"]:
-        meta["onnx"] = _export_onnx(lm, models, p, ctx)
+        meta["onnx"] = _export_onnx(target, models, p, ctx)
         _, assets, info = stage_parts(models)
         gd = GraphsDir(ctx.out, "llm", {LLM_STEP.name: {"file": "llm_step.onnx", "inputs": LLM_STEP.input_names,
                                                         "outputs": LLM_STEP.output_names, "precision": p["format"],
@@ -220,12 +224,11 @@ def _export_trtllm(lm: Any, cfg: Any, root: Path, out: Path, family: str | None 
     return {"quantization": cfg_out.get("quantization"), "token_map": tmap.as_json()}
 
 
-def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     import torch
 
     import modelopt.torch.quantization as mtq
 
-    from cosycompile.families.qwen2_steps import LLMDecodeStep
     from cosycompile.onnx.tools import export_onnx
 
     fmt = p["format"]
@@ -235,8 +238,8 @@ def _export_onnx(lm: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> d
     if fmt in ("int8_wo", "int4_awq"):
         # Bake the calibrated weights (AWQ scaling and clipping included) into plain tensors; the
         # activation-side AWQ scale stays as a Mul in front of each layer.
-        mtq.fold_weight(lm.qwen)
-    step = LLMDecodeStep(lm).eval()
+        mtq.fold_weight(target.module)
+    step = target.decode_step().eval()
     from cosycompile.stages.llm.export import stage_parts
 
     dummy = LLM_STEP.dummy_inputs(stage_parts(models)[2])
