@@ -37,4 +37,5 @@ PLUGIN = FamilyInfo(
     prompt_mel_frames_per_token=0,
     text_tokenizer=".tokenizer:load_text_tokenizer",
     model_speakers=".speakers:model_speakers",
+    llm_quant_target=".parts:llm_quant_target",
 )

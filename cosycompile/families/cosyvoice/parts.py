@@ -78,3 +78,16 @@ def llm_vocab(cfg: Any) -> dict[str, Any]:
 def llm_vocab_rows(lm: Any) -> dict[str, Any]:
     """See :func:`llm_vocab`: never reached."""
     return llm_vocab(None)
+
+
+def llm_quant_target(lm: Any) -> Any:
+    """What the LLM quantizer quantizes of the 300M LM (``FamilyInfo.llm_quant_target``): the Transformer
+    stack that runs every decode step (the head, the embeddings and the text encoder, which runs once
+    per utterance in numpy, stay FP32), calibrated on the records' prefixes, exported as the decode step."""
+    from cosycompile.families import LMQuantTarget
+
+    from .lm import DecodeStep
+
+    d = lm.cfg.decoder
+    return LMQuantTarget(module=lm.llm, calibrate=lambda x: lm.llm(x), decode_step=lambda: DecodeStep(lm),
+                         widths=(d.output_size, d.linear_units), checkpoints=False)

@@ -47,12 +47,12 @@ def test_the_shipped_recipe_passes_its_gate_on_real_tokens(build: dict[str, Any]
     assert "gate: PASS" in res.stdout, res.stdout[-2000:]
     manifest = json.loads((build["bundle"] / "manifest.json").read_text())
     assert manifest["family"] == "cosyvoice" and manifest["model"] == "builtin:cv1-tiny"
-    assert {s: v["precision"] for s, v in manifest["stages"].items()} == {"llm": "fp32", "flow": "int8",
+    assert {s: v["precision"] for s, v in manifest["stages"].items()} == {"llm": "int8_sq", "flow": "int8",
                                                                            "hift": "fp32"}
     report = json.loads((build["bundle"] / "report.json").read_text())
     text = json.dumps(report)
     # Every stage was checked against the FP32 reference, and the LM spoke: a check of zero tokens measures nothing.
-    for metric in ("max_abs_logit_error", "cfm_mel_snr_db_min", "waveform_snr_db_min", "tokens_identical_ratio"):
+    for metric in ("logit_cosine", "cfm_mel_snr_db_min", "waveform_snr_db_min", "tokens_identical_ratio"):
         assert f'"{metric}"' in text, metric
     pipeline = np.load(next(build["art"].glob("cache/objects/*/*/data/pipeline.npz")))
     assert all(pipeline[k].size > 0 for k in pipeline.files if k.startswith("tokens.")), "an eval item has no tokens"
