@@ -500,7 +500,7 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
     from cosycompile.families import get_family
     from cosycompile.reference.step import workloads
     from cosycompile.runtime.dataset import load_dataset
-    from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
+    from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.pipeline import Pipeline, Sampling
     from cosycompile.stages import get_stage
 
@@ -544,7 +544,7 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
     eager = {f"{s}.{n}": getattr(rn, "eager_reason", None) for s, rt in (("flow", built.flow), ("hift", built.hift))
              for n, rn in vars(rt).items() if hasattr(rn, "eager_reason") and rn.eager_reason}
     w = workloads(built, first, sampling, b.tokens, b.mel)
-    audio_s = b.mel.shape[1] * 480 / SAMPLE_RATE
+    audio_s = b.wav.size / built.hift.sample_rate  # the vocoder's rate: the family's
     speed = time_cases(ref, built, w["cases"], ["first_chunk", "end_to_end", "flow", "hift"], args.pairs)
     parts = dict(b.seconds)
     return {"flow_hift_compiled": bool(args.compile_flow), "tokens": int(len(b.tokens)),

@@ -95,7 +95,7 @@ def main() -> int:
     from cosycompile.reference.runners import load_reference, reference_pipeline
     from cosycompile.reference.step import workloads
     from cosycompile.runtime.dataset import load_dataset
-    from cosycompile.runtime.frontend import SAMPLE_RATE, Frontend
+    from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.loading import read_passport, stage_runtime
     from cosycompile.runtime.pipeline import Pipeline, Sampling
 
@@ -119,7 +119,7 @@ def main() -> int:
     b = built.synthesize(*first, sampling)
     quality = synthesis_quality(r, b, built, first[1])
     w = workloads(built, first, sampling, b.tokens, b.mel)
-    audio_s = b.mel.shape[1] * 480 / SAMPLE_RATE
+    audio_s = b.wav.size / built.hift.sample_rate  # the vocoder's rate: the family's
     speed = time_cases(ref, built, w["cases"], args.cases.split(","), args.pairs)
     out = {"machine": device_line(), "recipe": str(recipe), "model": args.model, "tokens": args.tokens,
            "mel_frames": int(b.mel.shape[1]), "audio_seconds": audio_s, "threads": args.threads,
