@@ -17,10 +17,6 @@ import numpy as np
 Parts = tuple[Mapping[str, Any], dict[str, np.ndarray], dict[str, Any]]
 
 
-def _numpy(module: Any, prefix: str) -> dict[str, np.ndarray]:
-    return {f"{prefix}{k}": v.detach().float().numpy() for k, v in module.state_dict().items()}
-
-
 def llm_parts(models: Any) -> Parts:
     """The decode step (Transformer + head, KV cache), the text encoder's weights, the embedding tables."""
     from .lm import DecodeStep, step_info, text_encoder_info, text_encoder_weights
@@ -31,21 +27,23 @@ def llm_parts(models: Any) -> Parts:
     assets = {"text_embedding": text.pop("text_embedding.weight"), **text,
               "speech_embedding": lm.speech_embedding.weight.detach().float().numpy(),
               "llm_embedding": lm.llm_embedding.weight.detach().float().numpy(),
-              **_numpy(lm.spk_embed_affine_layer, "spk_embed_affine_layer.")}
+              **{f"spk_embed_affine_layer.{k}": v.detach().float().numpy()
+                 for k, v in lm.spk_embed_affine_layer.state_dict().items()}}
     info = {**step_info(c), "speech_token_size": c.speech_token_size, **text_encoder_info(c)}
     return {"llm_step": DecodeStep(lm).eval()}, assets, info
 
 
 def flow_parts(models: Any) -> Parts:
     """The token-rate encoder step and the UNet estimator, the regulator's weights, the fixed noise."""
-    from .flow import FlowEncoderStep
+    from .flow import FlowEncoderStep, regulator_weights
 
     c, flow = models.config.flow, models.flow
     import torch
 
     gen = torch.Generator().manual_seed(c.noise_seed)
     noise = torch.randn(1, c.output_size, c.noise_frames, generator=gen).numpy()
-    assets = {"rand_noise": noise, **_numpy(flow.length_regulator, "length_regulator.")}
+    # Named as the state dict names them (the runtime strips the prefix for ``regulate``).
+    assets = {"rand_noise": noise, **{f"length_regulator.model.{k}": v for k, v in regulator_weights(flow).items()}}
     modules = {"flow_encoder": FlowEncoderStep(flow).eval(), "flow_estimator": flow.decoder.estimator.eval()}
     info = {"n_timesteps": c.n_timesteps, "cfg_rate": c.inference_cfg_rate, "mel_bins": c.output_size,
             "spk_embed_dim": c.spk_embed_dim, "flow_vocab_size": c.vocab_size, "input_frame_rate": c.input_frame_rate,
