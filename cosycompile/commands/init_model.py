@@ -16,15 +16,15 @@ EXAMPLES = (
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """This command's entry in the ``cosycompile`` parser."""
-    from cosycompile.families import BUILTIN_PREFIX, family_infos
-
-    builtins = ", ".join(BUILTIN_PREFIX + b for f in family_infos().values() for b in f.builtins)
+    # Static text: listing the built-ins here would import every family on each start of the CLI; an
+    # unknown name's error lists them.
     p = sub.add_parser("init-model", help="write a built-in model as a checkpoint dir of its family",
                        description="Write a built-in model in the real layout of its model family (e.g. "
                                    "CosyVoice2: cosyvoice2.yaml, llm.pt, flow.pt, hift.pt, CosyVoice-BlankEN/, "
                                    "front-end ONNX; CosyVoice-300M: cosyvoice.yaml, the three checkpoints, "
-                                   f"spk2info.pt, front-end ONNX). Built-ins: {builtins}.")
-    p.add_argument("spec", help=f"one of: {builtins}")
+                                   "spk2info.pt, front-end ONNX).")
+    p.add_argument("spec", help="builtin:NAME, e.g. builtin:tiny, builtin:cv3-tiny, builtin:cv1-tiny (an unknown "
+                                "name's error lists them all)")
     p.add_argument("--out", type=Path, required=True, help="output folder (must not exist or be empty)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     return p
