@@ -4,8 +4,8 @@ builtin:random-0.5b (the real shapes), against the PyTorch FP32 reference in the
 Builds the recipe with ``validation.speed.reference: same-run`` (reference and build timed in
 interleaved pairs, median of per-pair ratios; ``machine_state``: each ratio per state of the VM
 too) on one eval item of ``--tokens`` speech tokens, and
-prints the report's speed table with the quality of the same engines next to it. First chunk =
-CosyVoice2's streaming hop: 25 tokens + 3 look-ahead through LLM, flow and HiFT.
+prints the report's speed table with the quality of the same engines next to it. First chunk = the
+family's first streamed chunk (the flow runtime's ``first_chunk``) through LLM, flow and HiFT.
 
 Usage: python bench/end_to_end.py [--recipe recipes/cpu-int8.yaml] [--artifacts DIR] [--pairs 3]
        [--min-seconds 30]

@@ -19,11 +19,6 @@ import numpy as np
 
 from cosycompile.core.graph import StepContext
 
-# Streaming's first chunk in upstream's cli/model.py, the same for CosyVoice2 and CosyVoice3: a hop of
-# 25 tokens plus the flow's 3 look-ahead tokens (pre_lookahead_len), 2 mel frames per token.
-FIRST_CHUNK_TOKENS = 25 + 3
-
-
 def run(ctx: StepContext) -> dict[str, Any]:
     """The ``reference`` step."""
     from cosycompile.reference.runners import load_reference, reference_runtime
@@ -76,11 +71,13 @@ def workloads(pipe: Any, first: tuple[np.ndarray, Any], sampling: Any, tokens: n
     from cosycompile.runtime.pipeline import Sampling
 
     text_ids, prompt = first
-    cap = Sampling(mode="greedy", max_tokens=FIRST_CHUNK_TOKENS)
+    # The family's streaming schedule: the tokens its first chunk waits for, the mel frames it emits.
+    chunk_tokens, chunk_frames = pipe.flow.first_chunk
+    cap = Sampling(mode="greedy", max_tokens=chunk_tokens)
 
     def first_chunk(p: Any) -> None:
         toks = p.llm.generate(text_ids, prompt, cap)
-        p.hift.wav(p.flow.mel(toks, prompt)[:, : 2 * 25], 0)
+        p.hift.wav(p.flow.mel(toks, prompt)[:, :chunk_frames], 0)
 
     return {
         "tokens": tokens, "mel": mel,

@@ -124,6 +124,10 @@ class CFMFlowRuntime:
     """Tokens -> mel: encoder graph, then the Euler CFM solver calling the estimator graph."""
 
     product = "mel"
+    # Streaming's first chunk as upstream's cli/model.py schedules it for CosyVoice2 and CosyVoice3:
+    # (speech tokens it waits for, mel frames it emits) = a hop of 25 tokens plus the flow's 3 look-ahead
+    # tokens (pre_lookahead_len), 2 mel frames per token. A family with another schedule overrides it.
+    first_chunk: tuple[int, int] = (25 + 3, 2 * 25)
 
     def __init__(self, encoder: Runner, estimator: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
         self.encoder = encoder
