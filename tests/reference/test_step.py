@@ -42,3 +42,41 @@ def test_save_finite_writes_nothing_for_a_nan_array(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match=r"'wav' of bad.npz holds NaN or Inf"):
         save_finite(tmp_path / "bad.npz", {"tokens": np.arange(3), "wav": np.array([0.0, np.inf], np.float32)})
     assert not (tmp_path / "bad.npz").exists()
+
+
+@pytest.mark.parametrize("family", ["cosyvoice", "cosyvoice2", "cosyvoice3"])
+def test_first_chunk_workload_follows_the_familys_streaming_schedule(family: str, tmp_path: Path) -> None:
+    """The timed first chunk asks the LM for the tokens the family's first streamed chunk waits for and
+    vocodes the mel frames it emits (upstream's schedule: 25 + 3 tokens for the Qwen2 generations, 100 + 20
+    for CosyVoice-300M), whatever the eval item's full synthesis made."""
+    import numpy as np
+
+    from cosycompile.families import get_family
+    from cosycompile.reference.runners import load_reference, reference_pipeline
+    from cosycompile.reference.step import workloads
+    from cosycompile.runtime.pipeline import Prompt, Sampling
+
+    info = get_family(family)
+    model = tmp_path / "model"
+    info.hook("init_model")("builtin:" + info.tiny_builtin, model, seed=0)
+    pipe = reference_pipeline(load_reference(model, family=family))
+    tokens_cap, frames = pipe.flow.first_chunk
+    seen: dict[str, object] = {}
+    generate, wav = pipe.llm.generate, pipe.hift.wav
+
+    def spy_generate(text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> np.ndarray:
+        seen["max_tokens"] = sampling.max_tokens
+        seen["tokens"] = generate(text_ids, prompt, sampling)
+        return seen["tokens"]
+
+    def spy_wav(mel: np.ndarray, seed: int) -> np.ndarray:
+        seen["frames"] = mel.shape[1]
+        return wav(mel, seed)
+
+    pipe.llm.generate, pipe.hift.wav = spy_generate, spy_wav
+    prompt = Prompt.empty()
+    w = workloads(pipe, (np.arange(1, 61, dtype=np.int64), prompt), Sampling(mode="greedy", max_tokens=8),
+                  np.zeros(0, np.int64), np.zeros((80, 0), np.float32))
+    w["cases"]["first_chunk"](pipe)
+    assert seen["max_tokens"] == tokens_cap and len(seen["tokens"]) == tokens_cap and seen["frames"] == frames
+    assert tokens_cap == (120 if family == "cosyvoice" else 28)

@@ -32,6 +32,10 @@ from .text_encoder import text_features
 TEXT_PREFIXES = ("text_encoder.", "text_encoder_affine_layer.")
 # The flow's settings the length regulator reads, passed from parts.py through the graphs' info.
 REGULATOR_INFO = ("input_frame_rate", "mel_sample_rate", "mel_hop", "regulator_edge_tokens")
+# Upstream CosyVoiceModel's streaming (cli/model.py): the first chunk waits for a hop of 2 seconds of
+# tokens plus 20 overlap tokens, and holds back the overlap's mel frames for the next chunk's fade.
+STREAM_HOP_SECONDS = 2
+STREAM_OVERLAP_TOKENS = 20
 
 
 class LLMRuntime(SpeechLMRuntime):
@@ -72,6 +76,12 @@ class FlowRuntime(CFMFlowRuntime):
         # The regulator's settings as the flow's config holds them (config.py is torch-free).
         self.reg_cfg = FlowConfig(**{k: info[k] for k in REGULATOR_INFO},
                                   regulator_sampling_ratios=tuple(info["regulator_sampling_ratios"]))
+
+    @property
+    def first_chunk(self) -> tuple[int, int]:
+        """(speech tokens the first streamed chunk waits for, mel frames it emits), upstream's schedule."""
+        tokens = STREAM_HOP_SECONDS * self.reg_cfg.input_frame_rate + STREAM_OVERLAP_TOKENS
+        return tokens, self.reg_cfg.mel_frames(tokens) - self.reg_cfg.mel_frames(STREAM_OVERLAP_TOKENS)
 
     def mel(self, tokens: np.ndarray, prompt: Prompt) -> np.ndarray:
         """Mel [80, frames of the new tokens] (the prompt's frames are conditioning only)."""

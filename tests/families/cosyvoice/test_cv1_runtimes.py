@@ -114,3 +114,21 @@ def test_hift_wav_equals_the_networks(models: Any) -> None:
     with torch.inference_mode():
         want = models.hift.inference(t(mel)[None], t(rand_ini), t(noise)).numpy().reshape(-1)
     assert rel_err(got, want) <= 1e-4
+
+
+@pytest.mark.parametrize("rate", [50, 25])
+def test_first_chunk_is_upstreams_streaming_schedule(models: Any, rate: int) -> None:
+    """Upstream CosyVoiceModel (cli/model.py, ace7c47): the first chunk runs when hop + overlap tokens
+    are in (token_min_hop_len = 2 * input_frame_rate, token_overlap_len = 20) and emits the flow's mel of
+    them less mel_overlap_len = int(20 / rate * 22050 / 256) frames (kept for the next chunk's fade)."""
+    import dataclasses
+
+    rt = reference_runtime("flow", models)
+    rt.reg_cfg = dataclasses.replace(rt.reg_cfg, input_frame_rate=rate)
+    hop, overlap = 2 * rate, 20
+    flow_frames = int((hop + overlap) / rate * 22050 / 256)
+    assert rt.first_chunk == (hop + overlap, flow_frames - int(overlap / rate * 22050 / 256))
+    # The check's workload emits what the flow made of those tokens, less the overlap: a real cut.
+    prompt = _prompt(models, 4, 7)
+    tokens = np.random.default_rng(5).integers(0, models.config.flow.vocab_size, hop + overlap)
+    assert rt.mel(tokens, prompt).shape[1] == flow_frames > rt.first_chunk[1]
