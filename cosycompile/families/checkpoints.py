@@ -199,6 +199,16 @@ class FamilyLoader:
             return self.builders[stage](cfg)
 
 
+def builtin_name(spec: str, known: Iterable[str]) -> str:
+    """The name in ``builtin:<name>`` (or a bare name) when a family writes it; else a one-line
+    :class:`ModelError` listing the ``known`` ones."""
+    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
+    known = tuple(known)
+    if name not in known:
+        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + k for k in known)})")
+    return name
+
+
 def init_weights(net: nn.Module, std: float = 0.02) -> None:
     """Small, well-scaled random weights: finite, non-degenerate outputs from every stage."""
     for name, p in net.named_parameters():

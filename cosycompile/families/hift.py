@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -78,7 +78,34 @@ def _frac(x: torch.Tensor) -> torch.Tensor:
     return x - torch.floor(x)
 
 
-class SineGen2(nn.Module):
+class SineSource(nn.Module):
+    """What upstream's sine generators share: F0 in Hz at the sample rate, ``harmonic_num`` overtones
+    above the fundamental, and the mix of sines and noise by voicing (:meth:`excite`); each subclass
+    integrates the phase its own way (``sample_phase``)."""
+
+    def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
+                 voiced_threshold: float) -> None:
+        super().__init__()
+        self.sampling_rate, self.upsample_scale = samp_rate, upsample_scale
+        self.harmonics = harmonic_num + 1
+        self.sine_amp, self.noise_std, self.voiced_threshold = sine_amp, noise_std, voiced_threshold
+        self.register_buffer("harmonic_index", torch.arange(1, self.harmonics + 1, dtype=torch.float32),
+                             persistent=False)
+        first_off = torch.ones(self.harmonics)
+        first_off[0] = 0.0  # the fundamental has no random initial phase
+        self.register_buffer("first_off", first_off, persistent=False)
+
+    def excite(self, sines: torch.Tensor, f0: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+        """Voiced samples: the sines plus noise of ``noise_std``; unvoiced ones: noise of a third of the
+        sine amplitude. ``noise`` [B, L, H] is the standard normal draw (None: drawn here)."""
+        uv = (f0 > self.voiced_threshold).float()
+        if noise is None:
+            noise = torch.randn_like(sines)
+        noise = (uv * self.noise_std + (1 - uv) * self.sine_amp / 3) * noise
+        return sines * uv + noise
+
+
+class SineGen2(SineSource):
     """Harmonic sine source from F0 (phase integrated at frame rate, then upsampled).
 
     Same arithmetic as upstream's SineGen2 for 24 kHz, reorganised for float32: upstream integrates
@@ -95,15 +122,7 @@ class SineGen2(nn.Module):
 
     def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
                  voiced_threshold: float) -> None:
-        super().__init__()
-        self.sampling_rate, self.upsample_scale = samp_rate, upsample_scale
-        self.harmonics = harmonic_num + 1
-        self.sine_amp, self.noise_std, self.voiced_threshold = sine_amp, noise_std, voiced_threshold
-        self.register_buffer("harmonic_index", torch.arange(1, self.harmonics + 1, dtype=torch.float32),
-                             persistent=False)
-        first_off = torch.ones(self.harmonics)
-        first_off[0] = 0.0  # the fundamental always starts at phase 0
-        self.register_buffer("first_off", first_off, persistent=False)
+        super().__init__(samp_rate, upsample_scale, harmonic_num, sine_amp, noise_std, voiced_threshold)
         # Linear upsampling (align_corners=False) puts sample n of frame segment m at weight
         # (j + offset) / U past frame m, j = 0..U-1, with segments starting at sample U*m + first.
         self.first = math.ceil(upsample_scale / 2 - 0.5)
@@ -149,11 +168,7 @@ class SineGen2(nn.Module):
         rad = torch.cat([rad[:, :1] + (rand_ini * self.first_off)[:, None], rad[:, 1:]], dim=1)
         rad = F.interpolate(rad.transpose(1, 2), scale_factor=1.0 / self.upsample_scale, mode="linear")
         sines = torch.sin(2 * math.pi * self.sample_phase(rad.transpose(1, 2))) * self.sine_amp
-        uv = (f0 > self.voiced_threshold).float()
-        if noise is None:
-            noise = torch.randn_like(sines)
-        noise = (uv * self.noise_std + (1 - uv) * self.sine_amp / 3) * noise
-        return sines * uv + noise
+        return self.excite(sines, f0, noise)
 
 
 class SourceModuleHnNSF(nn.Module):
@@ -306,3 +321,19 @@ class HiFTNetStep(nn.Module):
 
     def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.hift.spectrum(mel, self.hift.source(mel, rand_ini, noise))
+
+
+def vocoder_info(models: Any) -> dict[str, Any]:
+    """The iSTFT's and the source's constants a HiFT stage's runtime reads (graphs' info), from the
+    loaded vocoder (``upsample_scale``: wav samples per mel frame) and its config."""
+    c = models.config.hift
+    return {"samples_per_frame": int(models.hift.upsample_scale), "nb_harmonics": c.nb_harmonics,
+            "harmonics": c.nb_harmonics + 1, "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1,
+            "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate,
+            "mel_bins": c.in_channels}
+
+
+def hift_parts(models: Any) -> tuple[dict[str, nn.Module], dict[str, Any], dict[str, Any]]:
+    """``FamilyInfo.parts["hift"]`` of a family whose vocoder is this module's generator (CosyVoice-300M,
+    CosyVoice2): the vocoder up to the iSTFT, no assets, :func:`vocoder_info`."""
+    return {"hift": HiFTNetStep(models.hift).eval()}, {}, vocoder_info(models)

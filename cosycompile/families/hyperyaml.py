@@ -251,6 +251,20 @@ class Section:
 
 # -- sections every CosyVoice generation shares ---------------------------------------------------
 
+def cfm_sections(flow: Section, cfm_class: str) -> tuple[Section, Section | None]:
+    """``flow.decoder`` (a ``cfm_class``) and its ``cfm_params`` (unwrapped from omegaconf's
+    ``DictConfig {content: ...}``; None when absent), whose solver must be Euler on the cosine schedule:
+    the runtimes' solver is that, as upstream's inference runs it."""
+    cfm = flow.sub("decoder", cfm_class)
+    params = cfm.sub("cfm_params") if "cfm_params" in cfm.data else None
+    if params is not None and "content" in params.data:
+        params = params.sub("content")
+    if params is not None:
+        params.require("solver", "euler")
+        params.require("t_scheduler", "cosine")
+    return cfm, params
+
+
 def sampling_fields(llm: Section) -> dict[str, Any] | None:
     """The ``llm.sampling`` (``!name:...ras_sampling``) settings, or None when the yaml has none."""
     if "sampling" not in llm.data:
@@ -377,9 +391,9 @@ def flow_head_yaml(flow_class: str, input_size: int, output_size: int, vocab_siz
 """
 
 
-def cfm_head_yaml(spk_emb_dim: int, inference_cfg_rate: float) -> str:
-    """``flow.decoder``: the CausalConditionalCFM and its Euler / cosine settings (its estimator follows)."""
-    return f"""    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+def cfm_head_yaml(spk_emb_dim: int, inference_cfg_rate: float, cfm_class: str = "CausalConditionalCFM") -> str:
+    """``flow.decoder``: the CFM and its Euler / cosine settings (its estimator follows)."""
+    return f"""    decoder: !new:cosyvoice.flow.flow_matching.{cfm_class}
         in_channels: 240
         n_spks: 1
         spk_emb_dim: {spk_emb_dim}

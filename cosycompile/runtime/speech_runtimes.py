@@ -191,7 +191,7 @@ class CFMFlowRuntime:
 class ISTFTVocoderRuntime:
     """Mel -> wav at the model's ``sample_rate``: the vocoder graph up to the iSTFT, then the iSTFT in numpy.
 
-    The NSF source's random draws are graph inputs; a family says how they are drawn (:meth:`source_noise`).
+    The NSF source's random draws are graph inputs; drawn from the seed (:meth:`source_noise`).
     The sample rate and the samples per mel frame come from the graphs' info (the model's config), so
     everything downstream (wav files, audio seconds, RTF) reads them here.
     """
@@ -218,9 +218,19 @@ class ISTFTVocoderRuntime:
         """The pipeline's call: the waveform of the flow's mel (no samples when it has no frames)."""
         return self.wav(upstream, seed) if upstream.shape[1] else np.zeros(0, np.float32)
 
+    # The source noise's distribution: HiFTGenerator's is standard normal (upstream's randn); a family
+    # whose upstream draws it uniform in [0, 1) (CosyVoice3's causal HiFT: torch.rand) says so.
+    uniform_noise: bool = False
+
     def source_noise(self, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """The NSF source's initial phases [1, H] and noise [1, frames * samples_per_frame, H] for ``seed``."""
-        raise NotImplementedError
+        """The NSF source's initial phases [1, H] (uniform in [0, 1), the fundamental's 0, as upstream's
+        torch.rand) and noise [1, frames * samples_per_frame, H], drawn from ``seed``."""
+        rng = np.random.default_rng(seed)
+        rand_ini = rng.random((1, self.harmonics), dtype=np.float32)
+        rand_ini[:, 0] = 0.0
+        shape = (1, frames * self.upsample, self.harmonics)
+        noise = rng.random(shape, dtype=np.float32) if self.uniform_noise else rng.standard_normal(shape, dtype=np.float32)
+        return rand_ini, noise
 
     def spectrum(self, mel: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
         rand_ini, noise = self.source_noise(mel.shape[1], seed)

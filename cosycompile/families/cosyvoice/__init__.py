@@ -30,7 +30,7 @@ PLUGIN = FamilyInfo(
     bundle_files=(),
     speech_tokenizer=SPEECH_TOKENIZER,
     runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
-    parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": ".parts:hift_parts"},
+    parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": "cosycompile.families.hift:hift_parts"},
     # Upstream's feat_extractor in cosyvoice.yaml: 22,050 Hz, n_fft = window 1024, hop 256; the
     # first generation does not trim the prompt mel to its tokens (50 Hz tokens, 86 Hz frames).
     prompt_mel=(22050, 1024, 256),

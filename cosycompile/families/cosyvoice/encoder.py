@@ -21,6 +21,8 @@ import math
 import torch
 from torch import nn
 
+from cosycompile.families.conformer_blocks import PositionwiseFeedForward, RelPositionAttentionWeights
+
 from .config import EncoderConfig
 
 
@@ -57,21 +59,8 @@ class InputLayer(nn.Module):
         return self.out(x) * self.pos_enc.xscale
 
 
-class RelPositionMultiHeadedAttention(nn.Module):
+class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
     """Transformer-XL attention (learned biases u, v) with an optional key/value cache."""
-
-    def __init__(self, n_head: int, n_feat: int) -> None:
-        super().__init__()
-        self.h, self.d_k = n_head, n_feat // n_head
-        self.linear_q = nn.Linear(n_feat, n_feat)
-        self.linear_k = nn.Linear(n_feat, n_feat)
-        self.linear_v = nn.Linear(n_feat, n_feat)
-        self.linear_out = nn.Linear(n_feat, n_feat)
-        self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
-        self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
-        self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
-        nn.init.xavier_uniform_(self.pos_bias_u)
-        nn.init.xavier_uniform_(self.pos_bias_v)
 
     def heads(self, lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """[B, T, D] -> [B, H, T, d_k]."""
@@ -107,19 +96,6 @@ class RelPositionMultiHeadedAttention(nn.Module):
             attn = torch.softmax(scores.masked_fill(blocked, -float("inf")), dim=-1).masked_fill(blocked, 0.0)
         out = torch.matmul(attn, v).transpose(1, 2).reshape(B, S, self.h * self.d_k)
         return self.linear_out(out), (k, v)
-
-
-class PositionwiseFeedForward(nn.Module):
-    """w_1 -> activation -> w_2 on every position."""
-
-    def __init__(self, idim: int, hidden: int, activation: nn.Module) -> None:
-        super().__init__()
-        self.w_1 = nn.Linear(idim, hidden)
-        self.activation = activation
-        self.w_2 = nn.Linear(hidden, idim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_2(self.activation(self.w_1(x)))
 
 
 class ConformerEncoderLayer(nn.Module):

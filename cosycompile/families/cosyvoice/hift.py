@@ -13,10 +13,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 from cosycompile.families.hift import HiFTGenerator as SharedHiFTGenerator
-from cosycompile.families.hift import SourceModuleHnNSF, _frac
+from cosycompile.families.hift import SineSource, SourceModuleHnNSF, _frac
 from cosycompile.families.hift_config import HiFTConfig
 
 
@@ -40,7 +39,7 @@ def _frac_of_multiple(n: torch.Tensor | float, x: torch.Tensor) -> torch.Tensor:
     return _frac(_frac(n * hi) + n * (x - hi))
 
 
-class SineGen(nn.Module):
+class SineGen(SineSource):
     """Upstream's original sine generator (``SineGen``, HiFTGenerator's source at 22,050 Hz): the
     phase is integrated sample by sample, and every harmonic but the fundamental starts at a random
     phase in [-pi, pi).
@@ -56,15 +55,7 @@ class SineGen(nn.Module):
 
     def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
                  voiced_threshold: float) -> None:
-        super().__init__()
-        self.sampling_rate, self.upsample_scale = samp_rate, upsample_scale
-        self.harmonics = harmonic_num + 1
-        self.sine_amp, self.noise_std, self.voiced_threshold = sine_amp, noise_std, voiced_threshold
-        self.register_buffer("harmonic_index", torch.arange(1, self.harmonics + 1, dtype=torch.float32),
-                             persistent=False)
-        first_off = torch.ones(self.harmonics)
-        first_off[0] = 0.0  # the fundamental has no random phase
-        self.register_buffer("first_off", first_off, persistent=False)
+        super().__init__(samp_rate, upsample_scale, harmonic_num, sine_amp, noise_std, voiced_threshold)
         self.register_buffer("steps", torch.arange(1, upsample_scale + 1, dtype=torch.float32), persistent=False)
 
     def sample_phase(self, f0_frames: torch.Tensor) -> torch.Tensor:
@@ -91,11 +82,7 @@ class SineGen(nn.Module):
         start = (-math.pi + rand_ini * (2 * math.pi)) * self.first_off
         phase = self.sample_phase(f0[:, :: self.upsample_scale])
         sines = torch.sin(2 * math.pi * phase + start[:, None, :]) * self.sine_amp
-        uv = (f0 > self.voiced_threshold).float()
-        if noise is None:
-            noise = torch.randn_like(sines)
-        noise = (uv * self.noise_std + (1 - uv) * self.sine_amp / 3) * noise
-        return sines * uv + noise
+        return self.excite(sines, f0, noise)
 
 
 class SampleSourceModuleHnNSF(SourceModuleHnNSF):

@@ -14,8 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
                                               voice_f0_predictor, write_frontend_standins, write_seeded_checkpoints)
 from .hift import HiFTGenerator
 from cosycompile.families.model_dir import BUILTIN_MARKER
@@ -69,9 +68,7 @@ def _prepare(stage: str, net: nn.Module) -> None:
 
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in CosyVoice-300M's layout (atomically)."""
-    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
-    if name not in PRESETS:
-        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + p for p in PRESETS)})")
+    name = builtin_name(spec, PRESETS)
     cfg = PRESETS[name]
     with staged_dir(Path(out_dir)) as tmp:
         (tmp / CONFIG_FILE).write_text(yaml_text(cfg))

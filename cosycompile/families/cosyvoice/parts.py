@@ -52,18 +52,6 @@ def flow_parts(models: Any) -> Parts:
     return modules, assets, info
 
 
-def hift_parts(models: Any) -> Parts:
-    """The vocoder up to the iSTFT, and the iSTFT's and source's constants."""
-    from cosycompile.families.hift import HiFTNetStep
-
-    c = models.config.hift
-    spf = int(np.prod(c.upsample_rates)) * c.istft_hop_len
-    info = {"samples_per_frame": spf, "nb_harmonics": c.nb_harmonics, "harmonics": c.nb_harmonics + 1,
-            "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1, "istft_hop": c.istft_hop_len,
-            "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate, "mel_bins": c.in_channels}
-    return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
-
-
 def llm_vocab(cfg: Any) -> dict[str, Any]:
     """No HF rewrite: the 300M LM is not a Qwen2 body, so vLLM / SGLang / TensorRT-LLM cannot serve it;
     its engines are the decode-step graph (ONNX Runtime, TensorRT). A one-line error says so."""

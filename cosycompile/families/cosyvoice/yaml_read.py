@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cosycompile.errors import ModelError
-from cosycompile.families.hyperyaml import Section, hift_fields, hift_yaml, read_cosyvoice_yaml, sampling_fields
+from cosycompile.families.hyperyaml import (Section, cfm_head_yaml, cfm_sections, hift_fields, hift_yaml,
+                                            read_cosyvoice_yaml, sampling_fields)
 
 from . import CONFIG_FILE
 from .config import CosyVoiceConfig, EncoderConfig, EstimatorConfig, FlowConfig, HiFTConfig, LMConfig
@@ -65,14 +66,7 @@ def _flow(flow: Section) -> FlowConfig:
     reg = flow.sub("length_regulator", "InterpolateRegulator")
     if reg.get("channels", int) != flow.get("output_size", int):
         reg.fail("channels must equal flow.output_size")
-    cfm = flow.sub("decoder", "ConditionalCFM")
-    params = cfm.sub("cfm_params") if "cfm_params" in cfm.data else None
-    if params is not None and "content" in params.data:  # !new:omegaconf.DictConfig {content: {...}}
-        params = params.sub("content")
-    if params is not None:
-        # The runtimes' solver is Euler on the cosine schedule, as upstream's inference runs it.
-        params.require("solver", "euler")
-        params.require("t_scheduler", "cosine")
+    cfm, params = cfm_sections(flow, "ConditionalCFM")
     est = cfm.sub("estimator", "ConditionalDecoder")
     est.require("act_fn", "gelu")
     out = flow.get("output_size", int)
@@ -168,18 +162,7 @@ flow: !new:cosyvoice.flow.flow.MaskedDiffWithXvec
     length_regulator: !new:cosyvoice.flow.length_regulator.InterpolateRegulator
         channels: {f.output_size}
         sampling_ratios: {list(f.regulator_sampling_ratios)}
-    decoder: !new:cosyvoice.flow.flow_matching.ConditionalCFM
-        in_channels: 240
-        n_spks: 1
-        spk_emb_dim: {f.output_size}
-        cfm_params: !new:omegaconf.DictConfig
-            content:
-                sigma_min: 1e-06
-                solver: 'euler'
-                t_scheduler: 'cosine'
-                training_cfg_rate: 0.2
-                inference_cfg_rate: {f.inference_cfg_rate}
-                reg_loss_type: 'l1'
+{cfm_head_yaml(f.output_size, f.inference_cfg_rate, "ConditionalCFM")}\
         estimator: !new:cosyvoice.flow.decoder.ConditionalDecoder
             in_channels: {e.in_channels}
             out_channels: {e.out_channels}

@@ -21,5 +21,5 @@ PLUGIN = FamilyInfo(
     tiny_builtin="tiny",
     **qwen2_family_files(CONFIG_FILE, SPEECH_TOKENIZER),
     runtimes={"llm": ".runtimes:LLMRuntime", "flow": ".runtimes:FlowRuntime", "hift": ".runtimes:HiFTRuntime"},
-    parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": ".parts:hift_parts"},
+    parts={"llm": ".parts:llm_parts", "flow": ".parts:flow_parts", "hift": "cosycompile.families.hift:hift_parts"},
 )

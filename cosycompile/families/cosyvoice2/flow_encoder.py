@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cosycompile.families.conformer_blocks import PositionwiseFeedForward, RelPositionAttentionWeights
+
 
 class EspnetRelPositionalEncoding(nn.Module):
     """Scales inputs by sqrt(d) and returns relative position embeddings for offsets T-1 .. -(T-1).
@@ -72,21 +74,8 @@ class PreLookaheadLayer(nn.Module):
         return x.transpose(1, 2) + inputs
 
 
-class RelPositionMultiHeadedAttention(nn.Module):
+class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
     """Transformer-XL style attention with learned biases u, v over relative positions."""
-
-    def __init__(self, n_head: int, n_feat: int, key_bias: bool = True) -> None:
-        super().__init__()
-        self.h, self.d_k = n_head, n_feat // n_head
-        self.linear_q = nn.Linear(n_feat, n_feat)
-        self.linear_k = nn.Linear(n_feat, n_feat, bias=key_bias)
-        self.linear_v = nn.Linear(n_feat, n_feat)
-        self.linear_out = nn.Linear(n_feat, n_feat)
-        self.linear_pos = nn.Linear(n_feat, n_feat, bias=False)
-        self.pos_bias_u = nn.Parameter(torch.zeros(self.h, self.d_k))
-        self.pos_bias_v = nn.Parameter(torch.zeros(self.h, self.d_k))
-        nn.init.xavier_uniform_(self.pos_bias_u)
-        nn.init.xavier_uniform_(self.pos_bias_v)
 
     @staticmethod
     def rel_shift(x: torch.Tensor) -> torch.Tensor:
@@ -115,26 +104,13 @@ class RelPositionMultiHeadedAttention(nn.Module):
         return self.linear_out(out)
 
 
-class PositionwiseFeedForward(nn.Module):
-    """w_1 -> swish -> w_2, applied to every frame."""
-
-    def __init__(self, idim: int, hidden: int) -> None:
-        super().__init__()
-        self.w_1 = nn.Linear(idim, hidden)
-        self.w_2 = nn.Linear(hidden, idim)
-        self.activation = nn.SiLU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w_2(self.activation(self.w_1(x)))
-
-
 class ConformerEncoderLayer(nn.Module):
     """Pre-norm layer with self-attention and feed-forward only (no macaron, no conv module)."""
 
     def __init__(self, size: int, heads: int, units: int) -> None:
         super().__init__()
         self.self_attn = RelPositionMultiHeadedAttention(heads, size)
-        self.feed_forward = PositionwiseFeedForward(size, units)
+        self.feed_forward = PositionwiseFeedForward(size, units, nn.SiLU())
         self.norm_ff = nn.LayerNorm(size, eps=1e-12)
         self.norm_mha = nn.LayerNorm(size, eps=1e-12)
 

@@ -13,8 +13,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
                                               voice_f0_predictor, write_builtin_marker, write_frontend_standins,
                                               write_qwen_config, write_seeded_checkpoints)
 from cosycompile.families.hift import HiFTGenerator
@@ -113,10 +112,7 @@ VARIANTS: dict[str, tuple[str, Any]] = {"tiny-snake": ("tiny", _tiny_snake_alpha
 
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in the real CosyVoice2-0.5B layout (atomically)."""
-    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
-    if name not in PRESETS and name not in VARIANTS:
-        known = ", ".join("builtin:" + p for p in (*PRESETS, *VARIANTS))
-        raise ModelError(f"unknown built-in model '{spec}' (known: {known})")
+    name = builtin_name(spec, (*PRESETS, *VARIANTS))
     preset, hift_edit = VARIANTS.get(name, (name, None))
     cfg = PRESETS[preset]
     out_dir = Path(out_dir)

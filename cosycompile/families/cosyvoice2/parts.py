@@ -43,18 +43,6 @@ def flow_parts(models: Any) -> Parts:
     return modules, assets, info
 
 
-def hift_parts(models: Any) -> Parts:
-    """The vocoder up to the iSTFT, and the iSTFT's and source's constants."""
-    from cosycompile.families.hift import HiFTNetStep
-
-    c = models.config.hift
-    spf = int(np.prod(c.upsample_rates)) * c.istft_hop_len
-    info = {"samples_per_frame": spf, "nb_harmonics": c.nb_harmonics, "harmonics": c.nb_harmonics + 1,
-            "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1, "istft_hop": c.istft_hop_len,
-            "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate, "mel_bins": c.in_channels}
-    return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
-
-
 # The special tokens CosyVoice2's front end adds to the Qwen tokenizer before any speech token
 # (upstream's pretrained_to_huggingface.py and cosyvoice/tokenizer/tokenizer.py): they fix the
 # text vocabulary of the HF rewrite (stages/llm/hf_rewrite.py).

@@ -45,11 +45,3 @@ class FlowRuntime(CFMFlowRuntime):
 
 class HiFTRuntime(ISTFTVocoderRuntime):
     """CosyVoice2's HiFT: Gaussian source noise drawn per utterance from the seed."""
-
-    def source_noise(self, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """The NSF source's random initial phases and noise, drawn from ``seed`` (upstream uses torch.rand)."""
-        rng = np.random.default_rng(seed)
-        rand_ini = rng.random((1, self.harmonics), dtype=np.float32)
-        rand_ini[:, 0] = 0.0
-        noise = rng.standard_normal((1, frames * self.upsample, self.harmonics), dtype=np.float32)
-        return rand_ini, noise

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosycompile.errors import ModelError
-from cosycompile.families.hyperyaml import (Section, Tagged, args, check_llm_sizes, hift_fields, load_inert_yaml,
+from cosycompile.families.hyperyaml import (Section, Tagged, args, cfm_sections, check_llm_sizes, hift_fields, load_inert_yaml,
                                             qwen2_fields, read_cosyvoice_yaml, sampling_fields)
 from cosycompile.families.qwen2_config import SamplingConfig
 from cosycompile.families.qwen2_layout import QWEN_DIR
@@ -32,10 +32,7 @@ def _flow_config(flow: Section) -> FlowConfig:
                          ("selfattention_layer_type", "rel_selfattn"), ("use_cnn_module", False),
                          ("macaron_style", False), ("normalize_before", True)):
         enc.require(key, allowed)
-    cfm = flow.sub("decoder", "CausalConditionalCFM")
-    params = cfm.sub("cfm_params") if "cfm_params" in cfm.data else None
-    if params is not None and "content" in params.data:  # !new:omegaconf.DictConfig {content: {...}}
-        params = params.sub("content")
+    cfm, params = cfm_sections(flow, "CausalConditionalCFM")
     est = cfm.sub("estimator", "CausalConditionalDecoder")
     est.require("act_fn", "gelu")
     out_size = flow.get("output_size", int)

@@ -12,8 +12,7 @@ from typing import Callable
 
 from torch import nn
 
-from cosycompile.errors import ModelError
-from cosycompile.families.checkpoints import (FamilyLoader, init_weights, normalize_hift_keys, staged_dir,
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
                                               voice_f0_predictor, write_builtin_marker, write_frontend_standins,
                                               write_qwen_config, write_seeded_checkpoints)
 from cosycompile.families.qwen2_layout import QWEN_DIR
@@ -97,9 +96,7 @@ def _prepare(stage: str, net: nn.Module) -> None:
 
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in Fun-CosyVoice3-0.5B's layout (atomically)."""
-    name = spec.split(":", 1)[1] if spec.startswith("builtin:") else spec
-    if name not in PRESETS:
-        raise ModelError(f"unknown built-in model '{spec}' (known: {', '.join('builtin:' + p for p in PRESETS)})")
+    name = builtin_name(spec, PRESETS)
     cfg = PRESETS[name]
     with staged_dir(Path(out_dir)) as tmp:
         (tmp / CONFIG_FILE).write_text(_yaml_text(cfg))

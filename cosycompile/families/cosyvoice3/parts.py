@@ -46,14 +46,11 @@ def flow_parts(models: Any) -> Parts:
 
 def hift_parts(models: Any) -> Parts:
     """The causal vocoder up to the iSTFT (finalized), the iSTFT's and source's constants."""
+    from cosycompile.families.hift import vocoder_info
+
     from .hift import HiFTNetStep
 
-    c = models.config.hift
-    info = {"samples_per_frame": models.hift.upsample_scale, "nb_harmonics": c.nb_harmonics,
-            "harmonics": c.nb_harmonics + 1, "istft_n_fft": c.istft_n_fft, "n_freq": c.istft_n_fft // 2 + 1,
-            "istft_hop": c.istft_hop_len, "audio_limit": c.audio_limit, "sample_rate": c.sampling_rate,
-            "mel_bins": c.in_channels}
-    return {"hift": HiFTNetStep(models.hift).eval()}, {}, info
+    return {"hift": HiFTNetStep(models.hift).eval()}, {}, vocoder_info(models)
 
 
 def llm_vocab(cfg: Any) -> dict[str, Any]:

@@ -72,13 +72,7 @@ class FlowRuntime(CFMFlowRuntime):
 
 
 class HiFTRuntime(ISTFTVocoderRuntime):
-    """CosyVoice3's causal HiFT up to the iSTFT; its source's noise is uniform, as upstream's fixed tensors."""
+    """CosyVoice3's causal HiFT up to the iSTFT; its source's noise is uniform, as upstream's fixed tensors
+    (``torch.rand``; a longer draw extends a shorter one of the same seed)."""
 
-    def source_noise(self, frames: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """Initial phases [1, H] (the fundamental's at 0) and noise [1, frames * samples_per_frame, H], both
-        uniform in [0, 1) as upstream's ``torch.rand``; a longer draw extends a shorter one of the same seed."""
-        rng = np.random.default_rng(seed)
-        rand_ini = rng.random((1, self.harmonics), dtype=np.float32)
-        rand_ini[:, 0] = 0.0
-        noise = rng.random((1, frames * self.upsample, self.harmonics), dtype=np.float32)
-        return rand_ini, noise
+    uniform_noise = True

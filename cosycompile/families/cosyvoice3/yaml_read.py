@@ -16,8 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from cosycompile.errors import ModelError
-from cosycompile.families.hyperyaml import (Section, check_llm_sizes, hift_fields, qwen2_fields, read_cosyvoice_yaml,
-                                            sampling_fields)
+from cosycompile.families.hyperyaml import (Section, cfm_sections, check_llm_sizes, hift_fields, qwen2_fields,
+                                            read_cosyvoice_yaml, sampling_fields)
 from cosycompile.families.qwen2_config import SamplingConfig
 from cosycompile.families.qwen2_layout import QWEN_DIR
 
@@ -58,14 +58,7 @@ def _flow_config(flow: Section, token_mel_ratio: int) -> FlowConfig:
         look.fail(f"'in_channels' ({look.data['in_channels']}) must equal flow.input_size")
     if look.get("pre_lookahead_len", int, lookahead) != lookahead:
         look.fail(f"'pre_lookahead_len' must equal flow.pre_lookahead_len ({lookahead})")
-    cfm = flow.sub("decoder", "CausalConditionalCFM")
-    params = cfm.sub("cfm_params") if "cfm_params" in cfm.data else None
-    if params is not None and "content" in params.data:  # !new:omegaconf.DictConfig {content: {...}}
-        params = params.sub("content")
-    if params is not None:
-        # The runtimes' solver is Euler on the cosine schedule, as upstream's inference runs it.
-        params.require("solver", "euler")
-        params.require("t_scheduler", "cosine")
+    cfm, params = cfm_sections(flow, "CausalConditionalCFM")
     if flow.get("token_mel_ratio", int, token_mel_ratio) != token_mel_ratio:
         flow.fail(f"'token_mel_ratio' must equal the top-level token_mel_ratio ({token_mel_ratio})")
     return FlowConfig(
