@@ -1,4 +1,5 @@
-"""LLM stage: the Qwen2 LM as a decode step with KV cache (inputs_embeds + past -> logits + present).
+"""LLM stage: the family's speech-token LM (CosyVoice2/3's Qwen2 body, CosyVoice-300M's Transformer) as
+a decode step with KV cache (inputs_embeds + past -> logits + present).
 
 Embedding lookups stay outside the graph as numpy tables, which keeps the engine's inputs the
 same for prefill and decode and lets the prompt mix text and speech embeddings freely.
@@ -23,7 +24,7 @@ class LLMCheck(BaseModel):
 
 PLUGIN = StageInfo(
     order=0,
-    summary="Qwen2 LM decode step with KV cache -> speech-token logits",
+    summary="speech-token LM decode step with KV cache -> speech-token logits",
     graphs=(LLM_STEP, LLM_STEP_STATIC),
     check_spec=LLMCheck,
     metrics=(
