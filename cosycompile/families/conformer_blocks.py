@@ -27,6 +27,18 @@ class RelPositionAttentionWeights(nn.Module):
         nn.init.xavier_uniform_(self.pos_bias_u)
         nn.init.xavier_uniform_(self.pos_bias_v)
 
+    def attend(self, scores: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Softmax of ``scores`` [B, H, S, T] over the keys ``mask`` (bool, [B|1, S, T]; None: all) lets
+        each query see (a query that sees none gets zeros), applied to ``v`` [B, H, T, d_k], heads
+        merged, through ``linear_out``: [B, S, H * d_k]."""
+        if mask is None:
+            attn = torch.softmax(scores, dim=-1)
+        else:
+            blocked = ~mask[:, None]
+            attn = torch.softmax(scores.masked_fill(blocked, -float("inf")), dim=-1).masked_fill(blocked, 0.0)
+        B, _, S, _ = scores.shape
+        return self.linear_out(torch.matmul(attn, v).transpose(1, 2).reshape(B, S, self.h * self.d_k))
+
 
 class PositionwiseFeedForward(nn.Module):
     """w_1 -> activation -> w_2 on every position (swish in the Conformers, ReLU in the 300M LM)."""

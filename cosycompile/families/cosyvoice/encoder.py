@@ -88,14 +88,7 @@ class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
         # Query i (position T-S+i) and key j are (T-S+i-j) apart: column S-1-i+j of ``pos``.
         col = (S - 1 - torch.arange(S, device=x.device))[:, None] + torch.arange(T, device=x.device)[None, :]
         bd = torch.gather(bd_all, 3, col[None, None].expand(B, self.h, S, T))
-        scores = (ac + bd) / math.sqrt(self.d_k)
-        if mask is None:
-            attn = torch.softmax(scores, dim=-1)
-        else:
-            blocked = ~mask[:, None]
-            attn = torch.softmax(scores.masked_fill(blocked, -float("inf")), dim=-1).masked_fill(blocked, 0.0)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(B, S, self.h * self.d_k)
-        return self.linear_out(out), (k, v)
+        return self.attend((ac + bd) / math.sqrt(self.d_k), v, mask), (k, v)
 
 
 class ConformerEncoderLayer(nn.Module):

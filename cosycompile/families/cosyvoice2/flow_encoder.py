@@ -94,14 +94,7 @@ class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
         p = self.linear_pos(pos_emb).view(pos_emb.size(0), -1, self.h, self.d_k).transpose(1, 2)
         ac = torch.matmul((q + self.pos_bias_u).transpose(1, 2), k.transpose(-2, -1))
         bd = self.rel_shift(torch.matmul((q + self.pos_bias_v).transpose(1, 2), p.transpose(-2, -1)))
-        scores = (ac + bd) / math.sqrt(self.d_k)
-        if mask is None:
-            attn = torch.softmax(scores, dim=-1)
-        else:
-            blocked = ~mask[:, None]
-            attn = torch.softmax(scores.masked_fill(blocked, -float("inf")), dim=-1).masked_fill(blocked, 0.0)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(B, T, self.h * self.d_k)
-        return self.linear_out(out)
+        return self.attend((ac + bd) / math.sqrt(self.d_k), v, mask)
 
 
 class ConformerEncoderLayer(nn.Module):
