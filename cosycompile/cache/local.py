@@ -130,6 +130,15 @@ class Store:
             if f.stat().st_size != size or self.stat_cache.digest(f) != digest:
                 raise CorruptEntry(f"{rel} does not match its digest")
 
+    def bodies(self) -> Iterator[dict[str, Any]]:
+        """The body of every readable entry (a corrupt or vanishing one is passed over: ``cache verify``
+        is what reports and removes those)."""
+        for entry_file in self.objects.glob(f"*/*/{ENTRY_FILE}"):
+            try:
+                yield read_entry(entry_file)
+            except (CorruptEntry, OSError):
+                continue
+
     def verify_all(self, full: bool = False) -> tuple[int, list[str]]:
         """Check every entry; ``full`` re-hashes every file. Returns (count, bad keys) and removes bad ones."""
         bad: list[str] = []

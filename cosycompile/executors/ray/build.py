@@ -3,8 +3,12 @@
 The driver plans every recipe here, merges their steps by key (a ``reference`` or an export that
 several recipes share is one task), and submits a step once its inputs are in the remote cache. A
 step that builds or runs a GPU target's engines asks for the target's ``sm_tag`` as a Ray resource
-(a node started with ``--resources '{"sm89": 1}'`` offers it); every other step asks for one CPU and
-goes to any node. Tasks move no artifact bytes through Ray: each pulls its inputs from the remote
+(a node started with ``--resources '{"sm89": 1}'`` offers it); every other step asks for the CPUs it
+runs on (its ``threads``, one by default) and goes to any node. A step also asks for the memory its
+last runs peaked at (the largest ``peak_rss_mb`` the driver's cache recorded for a step of the same
+name and kind, with a margin), so Ray does not start more of them on a node than it holds;
+requests are capped at what the largest live node offers, so a step never waits for a node that
+cannot exist. Tasks move no artifact bytes through Ray: each pulls its inputs from the remote
 cache and pushes its output there (:mod:`.task`). A step that no live node can run is left, as in a
 split build (exit 3), after :data:`NO_NODE_GRACE_S` at most: never waited on without end.
 
@@ -28,6 +32,9 @@ POLL_S = 2.0
 NO_NODE_GRACE_S = 30.0
 # A task whose node dies is run again elsewhere this many times (Ray's own retry of system failures).
 MAX_RETRIES = 3
+# A step's memory request over the largest peak recorded for its kind: the same step on other inputs
+# (another recipe's model, more eval items) may need somewhat more.
+MEMORY_MARGIN = 1.25
 
 
 @dataclass
@@ -119,12 +126,62 @@ def _prune(jobs: dict[str, Job], plans: list[Any], store: Any, remote: Any) -> N
             job.state, job.why = "skip", "not needed: what depends on it is built"
 
 
+def recorded_peaks(store: Any) -> dict[tuple[str, str], float]:
+    """(step name, kind) -> the largest peak RSS in MB that the store's entries recorded for it."""
+    peaks: dict[tuple[str, str], float] = {}
+    for body in store.bodies():
+        peak, kind = body.get("peak_rss_mb"), (body.get("components") or {}).get("kind")
+        if isinstance(peak, (int, float)) and peak > 0 and isinstance(kind, str):
+            k = (str(body.get("step")), kind)
+            peaks[k] = max(peaks.get(k, 0.0), float(peak))
+    return peaks
+
+
+def step_threads(step: Step) -> int:
+    """The CPUs a step runs on: its ``threads`` (the reference, the stage checks) or its validation's
+    speed threads (the pipeline check); 1 for the rest."""
+    p = step.params
+    validation = p.get("validation") if isinstance(p.get("validation"), dict) else {}
+    threads = p.get("threads") or (validation.get("speed") or {}).get("threads")
+    return max(1, int(threads or 1))
+
+
+def task_options(step: Step, peaks: dict[tuple[str, str], float], nodes: list[Any]) -> dict[str, Any]:
+    """Ray's ``num_cpus``, ``resources`` and (when a peak is recorded) ``memory`` for ``step``.
+
+    A GPU-kind step is counted in its GPU kind (one at a time per unit a node offers), not in CPUs: a
+    GPU node started with --num-cpus=0 then takes only the steps that need it. CPU and memory
+    requests are capped at the largest of the live nodes that can run it, so they stay placeable.
+    """
+    hw = step.hardware
+    eligible = [n for n in nodes if n.offers(hw or "CPU")]
+    if hw:
+        options: dict[str, Any] = {"num_cpus": 0, "resources": {hw: 1}}
+    else:
+        most_cpus = max((n.resources.get("CPU", 0.0) for n in eligible), default=0.0)
+        options = {"num_cpus": max(1, min(step_threads(step), int(most_cpus))), "resources": {}}
+    peak = peaks.get((step.name, step.kind))
+    most_memory = max((n.resources.get("memory", 0.0) for n in eligible), default=0.0)
+    if peak and most_memory:  # no node reports its memory: Ray would not count a request either
+        options["memory"] = min(int(peak * MEMORY_MARGIN * 2**20), int(most_memory))
+    return options
+
+
+def describe_request(options: dict[str, Any]) -> str:
+    """``CPU x2, 1.9 GB`` / ``sm89``: what a step's Ray options ask for, for the progress line."""
+    parts = [*options["resources"]] or [f"CPU x{options['num_cpus']}"]
+    if options.get("memory"):
+        parts.append(f"{options['memory'] / 2**30:.1f} GB")
+    return ", ".join(parts)
+
+
 def _schedule(ray: Any, jobs: dict[str, Job], store: Any, remote: Any, reporter: Any) -> None:
     """Submit each step once its inputs are built; wait, a poll at a time; leave what no node can run."""
     from cosycompile.executors.ray.cluster import live_nodes
     from cosycompile.executors.ray.task import run_step
 
     task = ray.remote(run_step)
+    peaks = recorded_peaks(store)
     todo = [k for k, j in jobs.items() if j.state == "todo"]
     total = len(todo)
     width = max((len(jobs[k].step.name) for k in todo), default=0)
@@ -165,17 +222,14 @@ def _schedule(ray: Any, jobs: dict[str, Job], store: Any, remote: Any, reporter:
         for key in todo:
             job = jobs[key]
             if job.state == "todo" and key not in running.values() and deps_state(job) <= {"done", "built"}:
-                # A GPU-kind step is counted in its GPU kind (one at a time per unit a node offers), not in
-                # CPUs: a GPU node started with --num-cpus=0 then takes only the steps that need it.
-                hw = job.step.hardware
-                options = {"num_cpus": 0 if hw else 1, "resources": {hw: 1} if hw else {}, "max_retries": MAX_RETRIES,
+                options = {**task_options(job.step, peaks, nodes), "max_retries": MAX_RETRIES,
                            "retry_exceptions": False, "name": f"cosycompile {job.step.name}"}
                 ref = task.options(**options).remote(str(job.recipe), job.step.name, key,
                                                      remote.url if remote is not None else None,
                                                      str(store.root.resolve()))
                 running[ref] = key
                 job.state = "running"
-                reporter.line(f"{tag(key)}  queued   (needs {job.needs}; in no cache)")
+                reporter.line(f"{tag(key)}  queued   (needs {describe_request(options)}; in no cache)")
         if not running:
             return
         finished, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
