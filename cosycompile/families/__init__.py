@@ -33,6 +33,9 @@ class LMQuantTarget:
     decode_step: Callable[[], Any]  # the ``llm_step`` graph module over the (quantized) LM, for the ONNX export
     widths: tuple[int, int]  # input features of its attention and FFN projections (a weight block divides them)
     checkpoints: bool  # whether the Hugging Face / TensorRT-LLM checkpoint exports apply (a Qwen2 body)
+    # Modules of ``module`` (fnmatch patterns over its module names) the quantizer keeps in full precision
+    # whatever a recipe excludes besides: layers the family knows INT8 cannot hold.
+    keep_fp32: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     cfg = quant_config(p)
     ctx.log(f"ModelOpt {_CONFIGS[p['format']]} ({cfg['algorithm']}) on {len(records)} sequences")
     mtq.quantize(target.module, cfg, forward_loop if records else None)
-    _apply_exclusions(target.module, p["exclude"])
+    _apply_exclusions(target.module, [*target.keep_fp32, *p["exclude"]])
     meta: dict[str, Any] = {"format": p["format"], "calib_sequences": len(records)}
 
     if "hf" in p["exports"]:
