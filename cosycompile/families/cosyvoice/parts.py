@@ -75,5 +75,8 @@ def llm_quant_target(lm: Any) -> Any:
     from .lm import DecodeStep
 
     d = lm.cfg.decoder
+    # The input layer's Linear stays FP32: its rows mix the encoded text with the speaker, sos/task_id
+    # and speech-token embeddings, of scales apart by more than INT8's range, and one per-tensor
+    # activation scale for all of them rounds away the speech tokens' rows every decode step feeds.
     return LMQuantTarget(module=lm.llm, calibrate=lambda x: lm.llm(x), decode_step=lambda: DecodeStep(lm),
-                         widths=(d.output_size, d.linear_units), checkpoints=False)
+                         widths=(d.output_size, d.linear_units), checkpoints=False, keep_fp32=("embed.*",))

@@ -61,6 +61,21 @@ def test_the_shipped_recipe_passes_its_gate_on_real_tokens(build: dict[str, Any]
         assert json.loads((engines / stage / "graphs.json").read_text())["info"]["family"] == "cosyvoice", stage
 
 
+def test_the_int8_decode_step_keeps_the_input_layer_fp32(build: dict[str, Any]) -> None:
+    """The family's quant target keeps the LM's input Linear out of INT8 (its rows' scales are far apart),
+    with no exclusion in the recipe: in the built decode step that layer's product is a float MatMul,
+    while the Transformer blocks' linears are integer products."""
+    import onnx
+
+    assert build["res"].returncode == 0, build["res"].stderr[-3000:]
+    model = onnx.load(str(build["bundle"] / "engines" / "llm" / "llm_step.onnx"), load_external_data=False)
+    integer = ("MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "DequantizeLinear")
+    embed = [n.op_type for n in model.graph.node if n.name.startswith("/embed/")]
+    blocks = {n.op_type for n in model.graph.node if n.name.startswith("/encoders.") and "/linear_q/" in n.name}
+    assert "MatMul" in embed and not set(embed) & set(integer), embed
+    assert blocks & set(integer), blocks
+
+
 def test_unpacked_bundle_alone_reproduces_the_builds_audio(build: dict[str, Any], tmp_path: Path) -> None:
     import soundfile as sf
 
