@@ -52,7 +52,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-text-chars", type=int, default=d.max_text_chars, metavar="N",
                    help="longest text one request may send; longer ones are refused at once (default %(default)s)")
     p.add_argument("--request-timeout", type=float, default=d.request_timeout_s, metavar="SECONDS",
-                   help="a request still running after this stops at its next text piece (default %(default)s)")
+                   help="a request still running after this stops at its next chunk (streaming) or text "
+                        "piece (default %(default)s)")
     p.add_argument("--ready-timeout", type=float, default=180.0, metavar="SECONDS",
                    help="how long the server may take to load the models (default %(default)s)")
     p.add_argument("--log", type=Path, default=None, metavar="FILE",

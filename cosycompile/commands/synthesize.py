@@ -79,6 +79,10 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="longest piece in English-character equivalents; a CJK character counts 3 (default %(default)s)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="intra-op threads of the engines (default: the recipe's validation.speed.threads)")
+    p.add_argument("--stream", action="store_true",
+                   help="token-chunk streaming, as a streaming server runs it: each piece's audio in chunks cut "
+                        "while the LM decodes (a line per chunk on stderr, with when it was ready); the wav is "
+                        "written at the end")
     p.add_argument("--out", type=Path, required=True, metavar="WAV", help="wav file to write (PCM16 at the model's sample rate)")
     return p
 
@@ -131,20 +135,43 @@ def run(args: argparse.Namespace) -> int:
         prompt = frontend.no_prompt(text)
     ids = [frontend.text_ids(p) for p in pieces]  # every piece tokenizes before minutes of synthesis start
 
-    from tqdm import tqdm
-
     t1 = time.perf_counter()
-    wavs = list(tqdm(synthesize_pieces(loaded.pipeline, ids, prompt, sampling), total=len(ids), desc="synthesizing",
-                     unit="piece", file=sys.stderr, disable=not sys.stderr.isatty()))
+    sample_rate = loaded.pipeline.sample_rate
+    if args.stream:
+        wavs, first = _streamed(loaded.pipeline, ids, prompt, sampling, sample_rate)
+    else:
+        from tqdm import tqdm
+
+        wavs = list(tqdm(synthesize_pieces(loaded.pipeline, ids, prompt, sampling), total=len(ids),
+                         desc="synthesizing", unit="piece", file=sys.stderr, disable=not sys.stderr.isatty()))
     wav = np.concatenate(wavs) if wavs else np.zeros(0, np.float32)
     synth_s = time.perf_counter() - t1
-    sample_rate = loaded.pipeline.sample_rate
     _write_wav(out, wav, sample_rate)
     audio_s = len(wav) / sample_rate
     rtf = f", RTF {synth_s / audio_s:.2f}" if audio_s else ""
+    streamed = f", {len(wavs)} chunks, first audio after {first:.2f} s" if args.stream else ""
     print(f"wrote {out}: {audio_s:.2f} s of audio from {len(pieces)} piece{'s' if len(pieces) != 1 else ''} "
-          f"in {time.perf_counter() - t0:.1f} s (synthesis {synth_s:.1f} s{rtf})")
+          f"in {time.perf_counter() - t0:.1f} s (synthesis {synth_s:.1f} s{rtf}{streamed})")
     return 0
+
+
+def _streamed(pipeline: Any, ids: list[Any], prompt: Any, sampling: Any, sample_rate: int) -> tuple[list[Any], float]:
+    """Every chunk of every piece, a line each on stderr as it is ready; and the seconds to the first audio."""
+    from cosycompile.runtime.bundle import stream_pieces
+
+    t0 = time.perf_counter()
+    wavs: list[Any] = []
+    first = 0.0
+    piece = 1
+    for chunk in stream_pieces(pipeline, ids, prompt, sampling):
+        now = time.perf_counter() - t0
+        if len(chunk.wav) and not first:
+            first = now
+        wavs.append(chunk.wav)
+        print(f"chunk {len(wavs)} (piece {piece}): {len(chunk.wav) / sample_rate:.2f} s of audio after "
+              f"{chunk.tokens} tokens, ready at {now:.2f} s", file=sys.stderr, flush=True)
+        piece += chunk.final
+    return wavs, first
 
 
 def _write_wav(path: Path, wav: Any, sample_rate: int) -> None:

@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("triton", help="write a Triton Inference Server model repository of a bundle",
                        description="Write DIR as a Triton model repository serving BUNDLE. A CPU bundle (every "
                                    "stage on onnxruntime) gives python-backend models running its engines: "
-                                   "FAMILY (decoupled, gRPC streaming, one response per text piece) and "
+                                   "FAMILY (decoupled, gRPC streaming, one response per token chunk) and "
                                    "FAMILY_offline (HTTP), FAMILY the bundle's model family (cosyvoice2, "
                                    "cosyvoice3). A GPU bundle (llm trtllm, flow/hift tensorrt) gives "
                                    "the CosyVoice runtime layout: BLS FAMILY and FAMILY_offline, token2wav, vocoder, "

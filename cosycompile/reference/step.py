@@ -11,6 +11,8 @@ the PyTorch reference once. Outputs (the step's data dir)::
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from typing import Any
@@ -68,16 +70,18 @@ def workloads(pipe: Any, first: tuple[np.ndarray, Any], sampling: Any, tokens: n
               mel: np.ndarray) -> dict[str, Any]:
     """The timed workloads on the first eval item, the same for reference and build; ``tokens`` and
     ``mel`` are what ``pipe`` already made of that item (not computed a second time)."""
-    from cosycompile.runtime.pipeline import Sampling
+    from cosycompile.runtime.streaming import stream_wav
 
     text_ids, prompt = first
-    # The family's streaming schedule: the tokens its first chunk waits for, the mel frames it emits.
-    chunk_tokens, chunk_frames = pipe.flow.first_chunk
-    cap = Sampling(mode="greedy", max_tokens=chunk_tokens)
+
+    # What a streaming server sends first, cut by the family's schedule while the LM decodes; a token
+    # cap below the chunk's would time a whole short synthesis instead.
+    chunk_tokens = pipe.flow.first_chunk[0]
+    chunk_sampling = (sampling if sampling.max_tokens is None or sampling.max_tokens >= chunk_tokens
+                      else dataclasses.replace(sampling, max_tokens=chunk_tokens))
 
     def first_chunk(p: Any) -> None:
-        toks = p.llm.generate(text_ids, prompt, cap)
-        p.hift.wav(p.flow.mel(toks, prompt)[:, :chunk_frames], 0)
+        next(iter(stream_wav(p, text_ids, prompt, chunk_sampling)))
 
     return {
         "tokens": tokens, "mel": mel,

@@ -170,3 +170,14 @@ def synthesize_pieces(pipeline: Any, ids: list[Any], prompt: Any, sampling: Any)
     for k, text_ids in enumerate(ids):
         seed = sampling.seed + k
         yield pipeline.synthesize(text_ids, prompt, dataclasses.replace(sampling, seed=seed), seed=seed).wav
+
+
+def stream_pieces(pipeline: Any, ids: list[Any], prompt: Any, sampling: Any) -> Iterator[Any]:
+    """The audio of each piece's text ids as token-chunk streaming cuts it
+    (:class:`cosycompile.runtime.streaming.Chunk`, the last of a piece with ``final`` set); piece ``k``
+    uses the seed of :func:`synthesize_pieces`."""
+    from cosycompile.runtime.streaming import stream_wav
+
+    for k, text_ids in enumerate(ids):
+        seed = sampling.seed + k
+        yield from stream_wav(pipeline, text_ids, prompt, dataclasses.replace(sampling, seed=seed), seed=seed)

@@ -8,7 +8,7 @@ one control flow over their own Runners and a comparison measures the compiled g
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from cosycompile.runtime.dsp import istft
 from cosycompile.runtime.pipeline import Prompt
 from cosycompile.runtime.runner import Runner
 from cosycompile.runtime.sampling import Sampling, sampling_ids
+from cosycompile.runtime.streaming import StreamSchedule
 from cosycompile.runtime.stage_graphs.flow import FLOW_ENCODER, FLOW_ESTIMATOR
 from cosycompile.runtime.stage_graphs.hift import HIFT
 from cosycompile.runtime.stage_graphs.llm import LLM_STEP, LLM_STEP_STATIC
@@ -76,6 +77,10 @@ class SpeechLMRuntime:
 
     def generate(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> np.ndarray:
         """Decode speech tokens one at a time, as upstream's Qwen2LM.inference does."""
+        return np.asarray(list(self.stream(text_ids, prompt, sampling)), np.int64)
+
+    def stream(self, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> Iterator[int]:
+        """The speech tokens of :meth:`generate`, each as soon as it is decoded."""
         rng = np.random.default_rng(sampling.seed)
         min_len = 2 * len(text_ids)
         max_len = 20 * len(text_ids)
@@ -89,11 +94,12 @@ class SpeechLMRuntime:
             logp = log_softmax(logits[0, -1])
             tok = sampling_ids(logp, out, sampling, rng, self.ignore_eos_id, ignore_eos=i < min_len)
             if tok in self.stop_ids:
-                break
+                return
             out.append(tok)
-            emb = self.speech_embedding[tok][None, None].astype(np.float32)
-            logits = next_logits(emb)
-        return np.asarray(out, np.int64)
+            yield tok
+            if i + 1 < max_len:  # the step after the last kept token would be wasted work
+                emb = self.speech_embedding[tok][None, None].astype(np.float32)
+                logits = next_logits(emb)
 
     def decoding(self, cache: np.ndarray, max_new: int) -> Callable[[np.ndarray], np.ndarray]:
         """The one-token step that follows a prefill whose present cache is ``cache``: embedding
@@ -124,10 +130,11 @@ class CFMFlowRuntime:
     """Tokens -> mel: encoder graph, then the Euler CFM solver calling the estimator graph."""
 
     product = "mel"
-    # Streaming's first chunk as upstream's cli/model.py schedules it for CosyVoice2 and CosyVoice3:
-    # (speech tokens it waits for, mel frames it emits) = a hop of 25 tokens plus the flow's 3 look-ahead
-    # tokens (pre_lookahead_len), 2 mel frames per token. A family with another schedule overrides it.
-    first_chunk: tuple[int, int] = (25 + 3, 2 * 25)
+    # Streaming as upstream's CosyVoice2Model schedules it for CosyVoice2 and CosyVoice3: hops of 25
+    # tokens (the flow's training chunk), doubling up to 100, each waiting for the flow's 3 look-ahead
+    # tokens (pre_lookahead_len). A family with another schedule overrides it.
+    stream_schedule = StreamSchedule(hop=25, max_hop=100, scale=2, lookahead=3)
+    token_mel_ratio = 2  # mel frames per speech token
 
     def __init__(self, encoder: Runner, estimator: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
         self.encoder = encoder
@@ -140,6 +147,16 @@ class CFMFlowRuntime:
     def from_runners(cls, runners: dict[str, Runner], assets: dict[str, np.ndarray], info: dict[str, Any]) -> "CFMFlowRuntime":
         """The stage runtime from its graphs' runners (the one constructor every loader uses)."""
         return cls(runners[FLOW_ENCODER.name], runners[FLOW_ESTIMATOR.name], assets, info)
+
+    def frames_of(self, tokens: int) -> int:
+        """Mel frames of the first ``tokens`` new speech tokens."""
+        return self.token_mel_ratio * tokens
+
+    @property
+    def first_chunk(self) -> tuple[int, int]:
+        """(speech tokens the first streamed chunk waits for, mel frames it emits)."""
+        s = self.stream_schedule
+        return s.hop + s.lookahead, self.frames_of(s.hop)
 
     def produce(self, upstream: np.ndarray, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling,
                 seed: int) -> np.ndarray:

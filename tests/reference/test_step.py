@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -46,9 +47,10 @@ def test_save_finite_writes_nothing_for_a_nan_array(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("family", ["cosyvoice", "cosyvoice2", "cosyvoice3"])
 def test_first_chunk_workload_follows_the_familys_streaming_schedule(family: str, tmp_path: Path) -> None:
-    """The timed first chunk asks the LM for the tokens the family's first streamed chunk waits for and
-    vocodes the mel frames it emits (upstream's schedule: 25 + 3 tokens for the Qwen2 generations, 100 + 20
-    for CosyVoice-300M), whatever the eval item's full synthesis made."""
+    """The timed first chunk is the first streamed chunk: the LM decodes the tokens the family's first
+    chunk waits for and no more, and the vocoder runs over the frames it emits (upstream's schedule:
+    25 + 3 tokens for the Qwen2 generations, 100 + 20 for CosyVoice-300M), even under a token cap
+    below that."""
     import numpy as np
 
     from cosycompile.families import get_family
@@ -61,22 +63,22 @@ def test_first_chunk_workload_follows_the_familys_streaming_schedule(family: str
     info.hook("init_model")("builtin:" + info.tiny_builtin, model, seed=0)
     pipe = reference_pipeline(load_reference(model, family=family))
     tokens_cap, frames = pipe.flow.first_chunk
-    seen: dict[str, object] = {}
-    generate, wav = pipe.llm.generate, pipe.hift.wav
+    seen: dict[str, int] = {"tokens": 0}
+    stream, wav = pipe.llm.stream, pipe.hift.wav
 
-    def spy_generate(text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> np.ndarray:
-        seen["max_tokens"] = sampling.max_tokens
-        seen["tokens"] = generate(text_ids, prompt, sampling)
-        return seen["tokens"]
+    def spy_stream(text_ids: np.ndarray, prompt: Prompt, sampling: Sampling) -> Iterator[int]:
+        for tok in stream(text_ids, prompt, sampling):
+            seen["tokens"] += 1
+            yield tok
 
     def spy_wav(mel: np.ndarray, seed: int) -> np.ndarray:
         seen["frames"] = mel.shape[1]
         return wav(mel, seed)
 
-    pipe.llm.generate, pipe.hift.wav = spy_generate, spy_wav
+    pipe.llm.stream, pipe.hift.wav = spy_stream, spy_wav
     prompt = Prompt.empty()
     w = workloads(pipe, (np.arange(1, 61, dtype=np.int64), prompt), Sampling(mode="greedy", max_tokens=8),
                   np.zeros(0, np.int64), np.zeros((80, 0), np.float32))
     w["cases"]["first_chunk"](pipe)
-    assert seen["max_tokens"] == tokens_cap and len(seen["tokens"]) == tokens_cap and seen["frames"] == frames
+    assert seen["tokens"] == tokens_cap and seen["frames"] == frames
     assert tokens_cap == (120 if family == "cosyvoice" else 28)

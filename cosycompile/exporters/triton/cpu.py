@@ -1,7 +1,7 @@
 """The CPU layout: two python-backend models over the bundle, streaming (gRPC) and offline (HTTP).
 
 ``tritonclient``'s HTTP client cannot talk to a decoupled model, so the same code is served twice,
-named after the bundle's model family: ``cosyvoice2`` (decoupled: one response per text piece, gRPC
+named after the bundle's model family: ``cosyvoice2`` (decoupled: one response per token chunk, gRPC
 streaming) and ``cosyvoice2_offline`` (one response per request, HTTP or gRPC), ``cosyvoice3`` and
 ``cosyvoice3_offline`` for a CosyVoice3 bundle. Each has the whole bundle in ``1/bundle/``.
 """
@@ -60,7 +60,7 @@ def cpu_configs(w: Writer, options: RepoOptions) -> list[ModelConfig]:
 def write_cpu(w: Writer, options: RepoOptions) -> str:
     """Write both models (config, model.py, the bundle) and return the README text."""
     for cfg in cpu_configs(w, options):
-        w.config(cfg, "text -> waveform, " + ("streaming per text piece (gRPC)" if cfg.decoupled else "offline"))
+        w.config(cfg, "text -> waveform, " + ("streaming in token chunks (gRPC)" if cfg.decoupled else "offline"))
         w.text(f"{cfg.name}/1/model.py", model_py(cfg.name, SERVE_MODULE))
         w.link_tree("", f"{cfg.name}/1/bundle")
     return readme(w, options)
@@ -80,7 +80,7 @@ runtime: the same code as `cosycompile synthesize`, so the same text and seed gi
 
 | model | transaction | protocol | what |
 |---|---|---|---|
-| `{streaming}` | decoupled | gRPC streaming | one `waveform` response per text piece (sentences), then a final empty one |
+| `{streaming}` | decoupled | gRPC streaming | a `waveform` response per token chunk as the LM decodes, then a final empty one |
 | `{offline}` | one response | HTTP or gRPC | the whole `waveform` of the text |
 
 Inputs (batch dim 1): `target_text` BYTES [1,1] or `target_text_utf8` UINT8 [1,N] (its UTF-8 bytes);
@@ -89,7 +89,7 @@ BYTES [1,1] or `reference_text_utf8` UINT8 [1,N]; or instead `speaker` BYTES [1,
 the name of a voice cached in the bundle (`cosycompile speakers add`: its prompt features are not computed per
 request); optional `seed` INT64 [1,1] (text piece k uses seed+k; default the recipe's sampling seed).
 Limits (`parameters` `max_text_chars`, `request_timeout_s`): a longer text is refused at once; a request
-running past the timeout, or cancelled by its client, stops at its next text piece.
+running past the timeout, or cancelled by its client, stops at its next token chunk (streaming) or text piece (offline).
 Output: `waveform` FP32 [1,samples], {rate} Hz mono.
 
 **BYTES and numpy 2.** The python stub of tritonserver 2.51 (the `nvidia-pytriton` 0.7.0 wheel) converts
@@ -141,7 +141,7 @@ c = http.InferenceServerClient("127.0.0.1:8000")
 i = http.InferInput("target_text_utf8", list(text.shape), "UINT8"); i.set_data_from_numpy(text)
 wav = c.infer("{offline}", [i]).as_numpy("waveform")[0]          # {rate} Hz float32
 
-g = grpc.InferenceServerClient("127.0.0.1:8001")               # streaming: one chunk per text piece
+g = grpc.InferenceServerClient("127.0.0.1:8001")               # streaming: token chunks as they are ready
 g.start_stream(callback=lambda result, error: print(error or result.as_numpy("waveform").shape))
 gi = grpc.InferInput("target_text_utf8", list(text.shape), "UINT8"); gi.set_data_from_numpy(text)
 g.async_stream_infer("{streaming}", [gi]); g.stop_stream()

@@ -3,9 +3,10 @@
 Runs inside Triton's python stub (``triton_python_backend_utils`` exists only there, so it is
 imported in the methods). Synthesis is :mod:`cosycompile.runtime.bundle`'s own code
 (``load_bundle``, ``split_text``, ``synthesize_pieces``): with the same text, seed and threads a
-request gives the samples ``cosycompile synthesize`` writes. A decoupled model (gRPC streaming)
-sends one response per text piece as soon as it is synthesized, then an empty final response; a
-plain one (HTTP) answers each request with the whole waveform.
+request gives the samples ``cosycompile synthesize`` writes (``--stream`` for the decoupled model). A
+decoupled model (gRPC streaming) sends one response per token chunk of each text piece as soon as it
+is vocoded (:mod:`cosycompile.runtime.streaming`), then an empty final response; a plain one (HTTP)
+answers each request with the whole waveform, synthesized offline.
 
 Inputs (batch dim 1, as CosyVoice's runtime clients send them): ``target_text`` (BYTES) or
 ``target_text_utf8`` (UINT8, its UTF-8 bytes: see :mod:`.pbcompat` for why), optional
@@ -123,24 +124,31 @@ class TritonPythonModel:
             self.speakers[name] = load_speaker(self.bundle.path, self.bundle.manifest, name)
         return self.speakers[name]
 
-    def _waves(self, request: Any) -> Any:
-        """The request's pieces' waveforms in turn; between pieces, a cancelled request or one past the
-        timeout stops (Triton cannot interrupt a python model mid-call)."""
+    def _waves(self, request: Any, stream: bool) -> Any:
+        """The request's audio in turn: token chunks of each piece when ``stream``, else each piece's
+        whole waveform. Between two, a cancelled request or one past the timeout stops (Triton cannot
+        interrupt a python model mid-call)."""
         import time
 
-        from cosycompile.runtime.bundle import synthesize_pieces
+        from cosycompile.runtime.bundle import stream_pieces, synthesize_pieces
 
         t0 = time.monotonic()
         ids, prompt, sampling = self._request_parts(request)
-        for k, wav in enumerate(synthesize_pieces(self.bundle.pipeline, ids, prompt, sampling)):
+        if stream:
+            parts = ((c.wav, c.final) for c in stream_pieces(self.bundle.pipeline, ids, prompt, sampling))
+        else:
+            parts = ((w, True) for w in synthesize_pieces(self.bundle.pipeline, ids, prompt, sampling))
+        done = 0
+        for wav, ends_piece in parts:
             yield wav
-            if k + 1 == len(ids):
+            done += ends_piece
+            if done == len(ids):
                 break
+            where = f"{done} of {len(ids)} text pieces"
             if request.is_cancelled():
-                raise Cancelled(f"cancelled by the client after {k + 1} of {len(ids)} text pieces")
+                raise Cancelled(f"cancelled by the client after {where}")
             if self.request_timeout_s is not None and time.monotonic() - t0 > self.request_timeout_s:
-                raise TimeoutError(f"past the {self.request_timeout_s:g} s request timeout after {k + 1} of "
-                                   f"{len(ids)} text pieces")
+                raise TimeoutError(f"past the {self.request_timeout_s:g} s request timeout after {where}")
 
     def _response(self, wav: np.ndarray) -> Any:
         from cosycompile.exporters.triton.pbcompat import output_tensor
@@ -154,8 +162,9 @@ class TritonPythonModel:
             for request in requests:
                 sender = request.get_response_sender()
                 try:
-                    for wav in self._waves(request):
-                        sender.send(self._response(wav))
+                    for wav in self._waves(request, stream=True):
+                        if len(wav):  # a piece's last chunk may hold no samples; the stream sends none
+                            sender.send(self._response(wav))
                     sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 except Exception as exc:  # any failure goes back to the client, the model stays up
                     sender.send(pb.InferenceResponse(error=pb.TritonError(f"{exc.__class__.__name__}: {exc}")),
@@ -164,7 +173,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             try:
-                wavs = list(self._waves(request))
+                wavs = list(self._waves(request, stream=False))
                 responses.append(self._response(np.concatenate(wavs) if wavs else np.zeros(0, np.float32)))
             except Exception as exc:  # any failure goes back to the client, the model stays up
                 responses.append(pb.InferenceResponse(output_tensors=[],

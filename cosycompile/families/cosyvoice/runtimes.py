@@ -24,6 +24,7 @@ import numpy as np
 from cosycompile.runtime.pipeline import Prompt
 from cosycompile.runtime.runner import Runner
 from cosycompile.runtime.speech_runtimes import CFMFlowRuntime, ISTFTVocoderRuntime, SpeechLMRuntime
+from cosycompile.runtime.streaming import StreamSchedule
 
 from .config import FlowConfig
 from .regulator import regulate
@@ -32,10 +33,13 @@ from .text_encoder import text_features
 TEXT_PREFIXES = ("text_encoder.", "text_encoder_affine_layer.")
 # The flow's settings the length regulator reads, passed from parts.py through the graphs' info.
 REGULATOR_INFO = ("input_frame_rate", "mel_sample_rate", "mel_hop", "regulator_edge_tokens")
-# Upstream CosyVoiceModel's streaming (cli/model.py): the first chunk waits for a hop of 2 seconds of
-# tokens plus 20 overlap tokens, and holds back the overlap's mel frames for the next chunk's fade.
+# Upstream CosyVoiceModel's streaming (cli/model.py): hops of 2 seconds of tokens (up to 4, scale 1:
+# upstream's stream_scale_factor), each waiting for 20 overlap tokens after it; the first chunk holds
+# back the overlap's mel frames for the next chunk's fade, and the vocoder 20 frames (mel_cache_len).
 STREAM_HOP_SECONDS = 2
+STREAM_MAX_HOP_SECONDS = 4
 STREAM_OVERLAP_TOKENS = 20
+STREAM_HOLD_FRAMES = 20
 
 
 class LLMRuntime(SpeechLMRuntime):
@@ -78,9 +82,20 @@ class FlowRuntime(CFMFlowRuntime):
                                   regulator_sampling_ratios=tuple(info["regulator_sampling_ratios"]))
 
     @property
+    def stream_schedule(self) -> StreamSchedule:
+        """Upstream's hops at this model's token rate (the overlap is the look-ahead; see the module's constants)."""
+        rate = self.reg_cfg.input_frame_rate
+        return StreamSchedule(hop=STREAM_HOP_SECONDS * rate, max_hop=STREAM_MAX_HOP_SECONDS * rate, scale=1,
+                              lookahead=STREAM_OVERLAP_TOKENS, hold=STREAM_HOLD_FRAMES)
+
+    def frames_of(self, tokens: int) -> int:
+        """Mel frames of the first ``tokens`` new speech tokens (the regulator's rate, not a whole ratio)."""
+        return self.reg_cfg.mel_frames(tokens)
+
+    @property
     def first_chunk(self) -> tuple[int, int]:
         """(speech tokens the first streamed chunk waits for, mel frames it emits), upstream's schedule."""
-        tokens = STREAM_HOP_SECONDS * self.reg_cfg.input_frame_rate + STREAM_OVERLAP_TOKENS
+        tokens = self.stream_schedule.hop + STREAM_OVERLAP_TOKENS
         return tokens, self.reg_cfg.mel_frames(tokens) - self.reg_cfg.mel_frames(STREAM_OVERLAP_TOKENS)
 
     def mel(self, tokens: np.ndarray, prompt: Prompt) -> np.ndarray:

@@ -58,7 +58,7 @@ class FlowRuntime(CFMFlowRuntime):
 
     def __init__(self, encoder: Runner, estimator: Runner, assets: dict[str, np.ndarray], info: dict[str, Any]) -> None:
         super().__init__(encoder, estimator, assets, info)
-        self.token_mel_ratio = int(info.get("token_mel_ratio", 2))
+        self.token_mel_ratio = int(info.get("token_mel_ratio", self.token_mel_ratio))
 
     def encode(self, tokens: np.ndarray, prompt: Prompt) -> tuple[np.ndarray, np.ndarray]:
         """(mu [1, 80, ratio * (prompt + new tokens)], spks [1, 80]); a graph whose frames are not
