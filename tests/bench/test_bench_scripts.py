@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from helpers import REPO
+from hostile_harness import CachedBuild
 
 
 def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -154,3 +155,20 @@ def test_llm_decode_rows_carry_their_probes(tmp_path: Path) -> None:
     assert medians["matmul_bf16_1_thread_ms"] > 0 and medians["matmul_1_thread_ms"] > 0
     assert sum(s["pairs"] for s in row["by_state"].values()) == 2
     assert "probes (median): copy_gb_per_s" in res.stdout
+
+
+def test_triton_stream_times_the_first_chunk_through_the_real_server(followup: CachedBuild, tmp_path: Path) -> None:
+    """bench/triton_stream.py on the session's built bundle, one round: every arm answered, the stream in
+    chunks before the offline answer's whole audio, and the cached speaker's stream equal to the prompt's."""
+    (bundle,) = (followup.art / "builds").glob("followup-*")
+    res = _bench("triton_stream.py", "--bundle", str(bundle), "--rounds", "1", "--results", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / f"triton_stream-{bundle.name}.json").read_text())
+    arms = out["arms"]
+    assert set(arms) == {"stream_prompt", "stream_speaker", "offline_prompt"}
+    assert arms["stream_prompt"]["chunks"] >= 3 and arms["offline_prompt"]["chunks"] == 1
+    assert all(a["first_s"] <= a["total_s"] for a in arms.values())
+    assert arms["stream_prompt"]["audio_s"] == arms["offline_prompt"]["audio_s"] > 5
+    assert out["quality"] == {"speaker_vs_prompt_max_abs": 0.0, "stream_samples_equal_offline_length": True}
+    assert "| stream_speaker |" in res.stdout
+    assert not list(bundle.glob("speakers*")), "the benchmark added its speaker to the build's own bundle"
