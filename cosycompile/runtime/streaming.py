@@ -25,7 +25,7 @@ import numpy as np
 
 from cosycompile.runtime.pipeline import Prompt, Sampling
 
-__all__ = ["Chunk", "StreamSchedule", "stream_wav"]
+__all__ = ["Chunk", "ChunkCutter", "StreamSchedule", "stream_wav"]
 
 
 @dataclass(frozen=True)
@@ -56,51 +56,70 @@ class Chunk:
     mel: np.ndarray | None = None  # the final chunk's: every frame streamed, concatenated
 
 
+class ChunkCutter:
+    """The schedule's state for one utterance: speech tokens in as they are decoded, chunks out.
+
+    ``flow`` is a mel-stage runtime with ``stream_schedule``, ``frames_of`` and ``mel``; ``vocoder`` a
+    wav-stage runtime with ``wav`` and ``upsample``. Wherever the tokens come from (the bundle's own LM,
+    a TensorRT-LLM stream), the chunks are cut the same way.
+    """
+
+    def __init__(self, flow: Any, vocoder: Any, prompt: Prompt, seed: int) -> None:
+        self.flow, self.vocoder, self.prompt, self.seed = flow, vocoder, prompt, seed
+        self.sched: StreamSchedule = flow.stream_schedule
+        self.t0 = time.perf_counter()
+        self.tokens: list[int] = []
+        self.kept: list[np.ndarray] = []  # mel frames of the chunks so far
+        self.offset, self.hop, self.frames, self.emitted = 0, self.sched.hop, 0, 0
+        self.timings = {"flow": 0.0, "hift": 0.0}
+
+    def push(self, token: int) -> Chunk | None:
+        """Take the next speech token; the chunk it completes, if it completes one."""
+        self.tokens.append(int(token))
+        if len(self.tokens) - self.offset < self.hop + self.sched.lookahead:
+            return None
+        self._flow_frames(self.offset + self.hop)
+        self.offset += self.hop
+        self.hop = min(self.sched.max_hop, self.hop * self.sched.scale)
+        return self._chunk(final=False)
+
+    def finish(self) -> Chunk:
+        """The last chunk, once the tokens have ended: every frame and sample not yet sent."""
+        if self.tokens:
+            self._flow_frames(None)
+        return self._chunk(final=True)
+
+    def _flow_frames(self, upto: int | None) -> None:
+        t = time.perf_counter()
+        mel = self.flow.mel(np.asarray(self.tokens, np.int64), self.prompt)
+        end = mel.shape[1] if upto is None else self.flow.frames_of(upto)
+        self.kept.append(mel[:, self.frames:end])
+        self.frames = end
+        self.timings["flow"] += time.perf_counter() - t
+
+    def _chunk(self, final: bool) -> Chunk:
+        t = time.perf_counter()
+        mel = np.concatenate(self.kept, axis=1) if self.kept else None
+        if mel is None or not mel.shape[1]:
+            wav = np.zeros(0, np.float32)
+        else:
+            full = self.vocoder.wav(mel, self.seed)
+            end = len(full) if final else max(self.emitted, (mel.shape[1] - self.sched.hold) * self.vocoder.upsample)
+            wav, self.emitted = full[self.emitted:end], end
+        self.timings["hift"] += time.perf_counter() - t
+        return Chunk(wav, len(self.tokens), self.frames, time.perf_counter() - self.t0, final=final,
+                     timings=dict(self.timings), mel=mel if final else None)
+
+
 def stream_wav(pipeline: Any, text_ids: np.ndarray, prompt: Prompt, sampling: Sampling, seed: int = 0) -> Iterator[Chunk]:
     """The audio of ``text_ids`` in chunks (see the module docstring); the last one has ``final`` set.
 
-    ``pipeline`` is a :class:`cosycompile.runtime.pipeline.Pipeline` whose token stage can ``stream``
-    and whose mel stage has a ``stream_schedule`` and ``frames_of``.
+    ``pipeline`` is a :class:`cosycompile.runtime.pipeline.Pipeline` whose token stage can ``stream``.
     """
     stages = {s.product: s for s in pipeline.stages.values()}
-    lm, flow, vocoder = stages["tokens"], stages["mel"], stages["wav"]
-    sched: StreamSchedule = flow.stream_schedule
-    t0 = time.perf_counter()
-    tokens: list[int] = []
-    kept: list[np.ndarray] = []  # mel frames of the chunks so far
-    offset, hop, frames, emitted = 0, sched.hop, 0, 0
-    timings = {"flow": 0.0, "hift": 0.0}
-
-    def vocode(final: bool) -> np.ndarray:
-        nonlocal emitted
-        t = time.perf_counter()
-        mel = np.concatenate(kept, axis=1)
-        wav = vocoder.wav(mel, seed)
-        end = len(wav) if final else max(emitted, (mel.shape[1] - sched.hold) * vocoder.upsample)
-        out, emitted = wav[emitted:end], end
-        timings["hift"] += time.perf_counter() - t
-        return out
-
-    def flow_frames(upto: int | None) -> None:
-        nonlocal frames
-        t = time.perf_counter()
-        mel = flow.mel(np.asarray(tokens, np.int64), prompt)
-        end = mel.shape[1] if upto is None else flow.frames_of(upto)
-        kept.append(mel[:, frames:end])
-        frames = end
-        timings["flow"] += time.perf_counter() - t
-
-    for tok in lm.stream(text_ids, prompt, sampling):
-        tokens.append(tok)
-        if len(tokens) - offset < hop + sched.lookahead:
-            continue
-        flow_frames(offset + hop)
-        offset += hop
-        hop = min(sched.max_hop, hop * sched.scale)
-        wav = vocode(final=False)
-        yield Chunk(wav, len(tokens), frames, time.perf_counter() - t0, timings=dict(timings))
-    if tokens:
-        flow_frames(None)
-    wav = vocode(final=True) if frames else np.zeros(0, np.float32)
-    mel = np.concatenate(kept, axis=1) if kept else np.zeros((0, 0), np.float32)
-    yield Chunk(wav, len(tokens), frames, time.perf_counter() - t0, final=True, timings=dict(timings), mel=mel)
+    cutter = ChunkCutter(stages["mel"], stages["wav"], prompt, seed)
+    for tok in stages["tokens"].stream(text_ids, prompt, sampling):
+        chunk = cutter.push(tok)
+        if chunk is not None:
+            yield chunk
+    yield cutter.finish()

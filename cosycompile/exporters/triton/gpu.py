@@ -2,7 +2,7 @@
 
 | model | kind | what |
 |---|---|---|
-| ``<family>`` / ``<family>_offline`` | python BLS, KIND_CPU | text pieces -> LLM -> ``token2wav``; decoupled / plain |
+| ``<family>`` / ``<family>_offline`` | python BLS, KIND_CPU | text pieces -> LLM -> token chunks / ``token2wav`` |
 | ``audio_tokenizer`` | python, KIND_CPU | prompt wav -> speech tokens (the bundle's front-end ONNX) |
 | ``speaker_embedding`` | python, KIND_CPU | prompt wav -> x-vector (the bundle's front-end ONNX) |
 | ``token2wav`` | python BLS, KIND_CPU | tokens -> mel (CFM loop in numpy) -> wav (iSTFT in numpy) |
@@ -108,7 +108,7 @@ def gpu_configs(w: Writer, options: RepoOptions, out: Path) -> list[tuple[ModelC
            "bundle_key": str(w.manifest.get("key", ""))}
     configs = [(ModelConfig(name, list(INPUTS), list(OUTPUTS), backend="python", max_batch_size=1,
                             instance_count=options.instances, decoupled=dec, parameters=dict(bls)),
-                "text -> waveform (BLS), " + ("streaming per text piece" if dec else "offline"))
+                "text -> waveform (BLS), " + ("streaming in token chunks" if dec else "offline"))
                for name, dec in zip(model_names(w.manifest), (True, False))]
     configs.append((ModelConfig("audio_tokenizer", list(WAV_INPUTS), [TensorConfig("prompt_speech_tokens", "int64",
                                 (-1,))], backend="python", instance_count=options.instances,
@@ -153,9 +153,9 @@ def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
         if cfg.name in front:
             w.link("recipe.json", f"{cfg.name}/1/recipe.json")
             w.link(token_map, f"{cfg.name}/1/{TOKEN_MAP}")
-        if cfg.name == "token2wav":
+        if cfg.name in ("token2wav", front[0]):  # the streaming model cuts its chunks with the same runtimes
             for stage in ("flow", "hift"):  # graphs.json (runtime info) and numpy assets; the engines are models
-                w.link_tree(f"engines/{stage}", f"token2wav/1/{stage}", skip=(PLAN_SUFFIX, "engine.json"))
+                w.link_tree(f"engines/{stage}", f"{cfg.name}/1/{stage}", skip=(PLAN_SUFFIX, "engine.json"))
         if cfg.name in TRT_MODELS:
             stage, graph = TRT_MODELS[cfg.name]
             w.link(f"engines/{stage}/{graph}{PLAN_SUFFIX}", f"{cfg.name}/1/model.plan")
@@ -177,9 +177,12 @@ def readme(w: Writer, options: RepoOptions, out: Path) -> str:
 Written by `cosycompile triton` from recipe `{w.manifest.get('recipe')}` (bundle key `{w.manifest.get('key')}`),
 in the shape of CosyVoice's `runtime/triton_trtllm`. Models: {', '.join(f'`{m}`' for m in w.models)}.
 
-- `{streaming}` (decoupled: one `waveform` response per text piece) and `{offline}` (one response) are python
+- `{streaming}` (decoupled: one `waveform` response per token chunk) and `{offline}` (one response) are python
   BLS models: text pieces -> token ids (the bundle's front end; the family's instruction before the prompt
-  text where it has one) -> LM -> `token2wav`; a prompt goes through `audio_tokenizer` and
+  text where it has one) -> LM -> speech. `{offline}` sends each piece's tokens to `token2wav`; `{streaming}`
+  reads the LM's tokens as they come (`tensorrt_llm` with `streaming`) and cuts chunks on the family's
+  schedule with the same runtimes over the same engines (cosycompile's `runtime/streaming.py`; behind
+  trtllm-serve the tokens arrive at once and are cut the same way). A prompt goes through `audio_tokenizer` and
   `speaker_embedding`. The LM's prompt, speech and stop ids are those of `{TOKEN_MAP}` beside their
   `model.py`. Inputs and outputs are those of the CPU layout (`target_text` or `target_text_utf8`, optional
   prompt inputs and `seed`; `waveform` at the vocoder's sample rate).

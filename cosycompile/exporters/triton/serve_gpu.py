@@ -57,6 +57,15 @@ class ServedVocab:
         got = (ids[: stops[0]] if len(stops) else ids) - self.speech_offset
         return got[(got >= 0) & (got < self.speech_token_size)]
 
+    def speech_stream(self, id_batches: Iterator[np.ndarray]) -> Iterator[int]:
+        """Speech tokens of ids arriving in batches (a streaming LM's responses), up to the first stop id."""
+        for ids in id_batches:
+            for i in np.asarray(ids, np.int64).reshape(-1).tolist():
+                if i in self.stop_ids:
+                    return
+                if 0 <= i - self.speech_offset < self.speech_token_size:
+                    yield i - self.speech_offset
+
     def stop_words(self) -> np.ndarray:
         """TensorRT-LLM's ``stop_words_list`` of the stop ids, one single-id word each: [1, 2, n] (ids; end offsets)."""
         n = len(self.stop_ids)
@@ -150,38 +159,50 @@ class SpeakerEmbedding(AudioTokenizer):
         return self._answer(requests, lambda r: {"prompt_spk_embedding": self.frontend.speaker_embedding(self._wav16k(r))})
 
 
+def speech_runtimes(pb_utils: Any, version_dir: Path, params: dict[str, str]) -> tuple[Any, Any]:
+    """The family's flow and HiFT runtimes (chosen by the graphs' info in the version dir's ``flow`` and
+    ``hift``) over BLS runners of the ``flow_encoder``, ``flow_estimator`` and ``vocoder`` models."""
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+    from cosycompile.runtime.loading import load_assets
+    from cosycompile.families import stage_runtime_class
+    from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
+    from cosycompile.stages.hift import HIFT
+
+    flow_dir, hift_dir = version_dir / params.get("flow", "flow"), version_dir / params.get("hift", "hift")
+    runners = {g.name: BlsRunner(pb_utils, model, g.input_names, g.output_names)
+               for g, model in ((FLOW_ENCODER, "flow_encoder"), (FLOW_ESTIMATOR, "flow_estimator"), (HIFT, "vocoder"))}
+    flow_info, hift_info = read_graphs_dir(flow_dir).info, read_graphs_dir(hift_dir).info
+    flow = stage_runtime_class("flow", flow_info).from_runners(runners, load_assets(flow_dir), flow_info)
+    return flow, stage_runtime_class("hift", hift_info).from_runners(runners, {}, hift_info)
+
+
+def token2wav_prompt(ptok: np.ndarray | None, feat: np.ndarray | None, emb: np.ndarray | None) -> Any:
+    """The runtime's prompt from ``token2wav``'s prompt inputs (speech tokens, mel, speaker embedding)."""
+    from cosycompile.runtime.pipeline import Prompt
+
+    prompt = Prompt.empty()
+    if ptok is not None and feat is not None:
+        prompt = Prompt(np.zeros(0, np.int64), ptok.reshape(-1).astype(np.int64), feat.astype(np.float32),
+                        prompt.embedding)
+    if emb is not None:
+        prompt.embedding = emb.reshape(-1).astype(np.float32)
+    return prompt
+
+
 class Token2Wav(_Base):
-    """Speech tokens (+ prompt features) -> 24 kHz wav: CFM loop and iSTFT here, graphs as BLS calls."""
+    """Speech tokens (+ prompt features) -> wav: CFM loop and iSTFT here, graphs as BLS calls."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
-        from cosycompile.runtime.graphs_dir import read_graphs_dir
-        from cosycompile.runtime.loading import load_assets
-        from cosycompile.families import stage_runtime_class
-        from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
-        from cosycompile.stages.hift import HIFT
-
-        flow_dir, hift_dir = self.dir / self.params.get("flow", "flow"), self.dir / self.params.get("hift", "hift")
-        runners = {g.name: BlsRunner(self.pb, model, g.input_names, g.output_names)
-                   for g, model in ((FLOW_ENCODER, "flow_encoder"), (FLOW_ESTIMATOR, "flow_estimator"),
-                                    (HIFT, "vocoder"))}
-        flow_info, hift_info = read_graphs_dir(flow_dir).info, read_graphs_dir(hift_dir).info
-        self.flow = stage_runtime_class("flow", flow_info).from_runners(runners, load_assets(flow_dir), flow_info)
-        self.hift = stage_runtime_class("hift", hift_info).from_runners(runners, {}, hift_info)
+        self.flow, self.hift = speech_runtimes(self.pb, self.dir, self.params)
 
     def _wav(self, request: Any) -> dict[str, np.ndarray]:
-        from cosycompile.runtime.pipeline import Prompt
-
         pb = self.pb
         tokens = input_array(pb, request, "target_speech_tokens").reshape(-1).astype(np.int64)
-        prompt = Prompt.empty()
-        ptok, feat = input_array(pb, request, "prompt_speech_tokens"), input_array(pb, request, "prompt_speech_feat")
-        emb, seed = input_array(pb, request, "prompt_spk_embedding"), input_array(pb, request, "seed")
-        if ptok is not None and feat is not None:
-            prompt = Prompt(np.zeros(0, np.int64), ptok.reshape(-1).astype(np.int64), feat.astype(np.float32),
-                            prompt.embedding)
-        if emb is not None:
-            prompt.embedding = emb.reshape(-1).astype(np.float32)
+        prompt = token2wav_prompt(input_array(pb, request, "prompt_speech_tokens"),
+                                  input_array(pb, request, "prompt_speech_feat"),
+                                  input_array(pb, request, "prompt_spk_embedding"))
+        seed = input_array(pb, request, "seed")
         mel = self.flow.mel(tokens, prompt)
         return {"waveform": self.hift.wav(mel, int(seed.reshape(-1)[0]) if seed is not None else 0)}
 
@@ -190,7 +211,8 @@ class Token2Wav(_Base):
 
 
 class TextToWave(_Base):
-    """Text -> waveform: front end, LM (tensorrt_llm or trtllm-serve), token2wav; streams per text piece."""
+    """Text -> waveform: front end, LM (tensorrt_llm or trtllm-serve), then ``token2wav`` per text piece
+    (plain) or token chunks cut as the LM's tokens stream in (decoupled)."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         super().initialize(args)
@@ -201,6 +223,8 @@ class TextToWave(_Base):
         self.sample_rate = int(self.params["sample_rate"])
         self.sampling = recipe_sampling(json.loads((self.dir / "recipe.json").read_text()))
         self.max_chars = int(self.params.get("max_chars") or 80)
+        if self.decoupled:
+            self.flow, self.hift = speech_runtimes(self.pb, self.dir, self.params)
 
     def _prompt(self, request: Any) -> dict[str, np.ndarray]:
         """Prompt features by BLS (audio_tokenizer, speaker_embedding) plus the prompt mel, or {} without a prompt."""
@@ -217,9 +241,37 @@ class TextToWave(_Base):
         return {"prompt_speech_tokens": tokens["prompt_speech_tokens"][:n],
                 "prompt_speech_feat": np.ascontiguousarray(mel[:, : 2 * n], np.float32), **emb}
 
+    def _llm_stream(self, ids: list[int], seed: int) -> Iterator[int]:
+        """Speech tokens for prompt ids ``ids`` as the LM makes them: ``tensorrt_llm`` with ``streaming``
+        answers each step as its own response (new ids only), as CosyVoice's Triton BLS reads it."""
+        if self.params.get("llm") == "trtllm-serve":
+            yield from self._llm(ids, seed).tolist()
+            return
+        pb, s = self.pb, self.sampling
+        feeds = trtllm_feeds(self.vocab, ids, self._token_limit(ids), s.top_k, s.top_p, seed)
+        feeds["streaming"] = np.array([[True]], np.bool_)
+        request = pb.InferenceRequest(model_name="tensorrt_llm", requested_output_names=["output_ids", "sequence_length"],
+                                      inputs=[output_tensor(pb, n, v) for n, v in feeds.items()],
+                                      preferred_memory=pb.PreferredMemory(pb.TRITONSERVER_MEMORY_CPU, 0))
+
+        def batches() -> Iterator[np.ndarray]:
+            for response in request.exec(decoupled=True):
+                if response.has_error():
+                    raise RuntimeError(f"tensorrt_llm: {response.error().message()}")
+                ids_out = pb.get_output_tensor_by_name(response, "output_ids")
+                if ids_out is None:  # the empty response that closes a decoupled stream
+                    continue
+                n = int(np.array(np.from_dlpack(pb.get_output_tensor_by_name(response, "sequence_length"))).reshape(-1)[0])
+                yield np.array(np.from_dlpack(ids_out)).reshape(-1)[:n]
+
+        yield from self.vocab.speech_stream(batches())
+
+    def _token_limit(self, ids: list[int]) -> int:
+        return int(self.params.get("max_tokens") or 0) or 20 * len(ids)
+
     def _llm(self, ids: list[int], seed: int) -> np.ndarray:
         """Speech tokens for prompt ids ``ids`` from the LM."""
-        s, limit = self.sampling, int(self.params.get("max_tokens") or 0) or 20 * len(ids)
+        s, limit = self.sampling, self._token_limit(ids)
         if self.params.get("llm") == "trtllm-serve":
             body = completion_body(self.vocab, ids, limit, s.top_k, s.top_p, seed)
             req = urllib.request.Request(self.params["llm_url"].rstrip("/") + "/v1/completions",
@@ -238,6 +290,8 @@ class TextToWave(_Base):
         return [int(i) for i in self.frontend.text_ids(composed)] if composed.strip() else []
 
     def _waves(self, request: Any) -> Iterator[np.ndarray]:
+        """The request's audio: each piece's waveform (plain), or each piece's token chunks (decoupled)."""
+        from cosycompile.runtime.streaming import ChunkCutter
         from cosycompile.runtime.text import split_text
 
         text = input_text(self.pb, request, "target_text", self.bytes_ok)
@@ -250,6 +304,16 @@ class TextToWave(_Base):
         ptok = [int(t) for t in prompt.get("prompt_speech_tokens", [])]
         for k, piece in enumerate(split_text(text, self.max_chars)):
             ids = self.vocab.prompt_ids([*ref_ids, *(int(i) for i in self.frontend.text_ids(piece))], ptok)
+            if self.decoupled:
+                cutter = ChunkCutter(self.flow, self.hift, token2wav_prompt(prompt.get("prompt_speech_tokens"),
+                                                                            prompt.get("prompt_speech_feat"),
+                                                                            prompt.get("prompt_spk_embedding")), seed + k)
+                for token in self._llm_stream(ids, seed + k):
+                    chunk = cutter.push(token)
+                    if chunk is not None and len(chunk.wav):
+                        yield chunk.wav
+                yield cutter.finish().wav
+                continue
             feeds = {"target_speech_tokens": self._llm(ids, seed + k), "seed": np.array([seed + k], np.int64), **prompt}
             yield BlsRunner(self.pb, "token2wav", list(feeds), ["waveform"]).run(feeds)["waveform"].reshape(-1)
 
@@ -263,7 +327,8 @@ class TextToWave(_Base):
             sender = request.get_response_sender()
             try:
                 for wav in self._waves(request):
-                    sender.send(pb.InferenceResponse(output_tensors=[output_tensor(pb, "waveform", wav[None])]))
+                    if len(wav):  # a piece's last chunk may hold no samples; the stream sends none
+                        sender.send(pb.InferenceResponse(output_tensors=[output_tensor(pb, "waveform", wav[None])]))
                 sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception as exc:  # the error goes back to the client, the model stays up
                 sender.send(pb.InferenceResponse(error=pb.TritonError(f"{exc}")), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
