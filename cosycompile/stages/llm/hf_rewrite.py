@@ -33,12 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from cosycompile.core.graph import StepContext
-from cosycompile.stages.llm import vllm_model
+from cosycompile.stages.llm import sglang_model, trtllm_model, vllm_model
 from cosycompile.errors import ModelError
 
 CHECKPOINT_DIR = "hf"  # where export and quantize steps put the rewrite inside their output
 MODELING_FILE = "modeling_cosyvoice_lm.py"
 VLLM_PLUGIN_DIR = "vllm_plugin"
+SGLANG_PLUGIN_DIR = "sglang_plugin"
+TRTLLM_PLUGIN_DIR = "trtllm_plugin"
 MODEL_CLASS = "CosyVoiceLMForCausalLM"
 TOKEN_MAP_FILE = "cosycompile_llm.json"
 # In a folder of its own: servers load every *.safetensors at the top of a checkpoint dir as weights
@@ -230,6 +232,8 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
     generation_config(tmap, cfg).save_pretrained(str(out))
     shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), out / MODELING_FILE)
     write_vllm_plugin(out / VLLM_PLUGIN_DIR)
+    write_sglang_plugin(out / SGLANG_PLUGIN_DIR)
+    write_trtllm_plugin(out / TRTLLM_PLUGIN_DIR)
     emb = _rows(lm, tmap)["embedding"].detach().float()
     (out / PREFIX_FILE).parent.mkdir(parents=True, exist_ok=True)
     save_file({"sos": emb[tmap.sos].clone().contiguous(), "task_id": emb[tmap.task_id].clone().contiguous()},
@@ -248,11 +252,19 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
         "dtype": dtype,
         "quantization": quantization,
         "lm_head_bias": ("in model.safetensors (lm_head.bias: speech bias, -inf elsewhere); applied by "
-                         f"{MODELING_FILE} (trust_remote_code=True) and, in vLLM, by the {VLLM_PLUGIN_DIR}/ package. "
-                         "Stock Qwen2ForCausalLM loaders (transformers without remote code, TensorRT-LLM's PyTorch "
-                         "backend, vLLM without the plug-in, SGLang) drop it: their logits lack llm_decoder's bias "
-                         "and text ids score 0 instead of -inf"),
+                         f"{MODELING_FILE} (trust_remote_code=True) and by the {VLLM_PLUGIN_DIR}/, "
+                         f"{SGLANG_PLUGIN_DIR}/ and {TRTLLM_PLUGIN_DIR}/ model classes. Stock Qwen2ForCausalLM "
+                         "loaders (transformers without remote code, vLLM, SGLang, TensorRT-LLM's PyTorch backend) "
+                         "drop it: their logits lack llm_decoder's bias and text ids score 0 instead of -inf"),
         "vllm": vllm_model.serving_note(quantization, VLLM_PLUGIN_DIR),
+        "sglang": {"install": f"pip install ./{SGLANG_PLUGIN_DIR}",
+                   "environment": {"SGLANG_EXTERNAL_MODEL_PACKAGE": sglang_model.PACKAGE},
+                   "load": {"json_model_override_args": json.dumps({"architectures": [sglang_model.ARCHITECTURE]})},
+                   "checked": "against sglang 0.5.23's sources with its last calls faked (not run: CUDA-only)"},
+        "trtllm": {"load": f"a copy of this dir whose config.json architectures is [{trtllm_model.ARCHITECTURE!r}], "
+                           f"served with --custom_module_dirs {TRTLLM_PLUGIN_DIR}/{trtllm_model.PACKAGE}",
+                   "checked": "against TensorRT-LLM's PyTorch-backend sources (commits in the module's docstring) "
+                              "with its last calls faked (not run here)"},
         "tokenizer": f"saved (speech tokens {names[0]}..{names[tmap.speech_token_size - 1]}, then "
                      f"{', '.join(names[tmap.speech_token_size:tmap.speech_token_size + 5])}"
                      f"{', ...' if tmap.rows > tmap.speech_token_size + 5 else ''})" if tokenizer is not None
@@ -283,6 +295,36 @@ cosyvoice_lm = "{vllm_model.MODULE}:register"
 [tool.setuptools]
 py-modules = ["{vllm_model.MODULE}"]
 """)
+
+
+def write_sglang_plugin(dest: Path) -> None:
+    """The installable SGLang model package (:mod:`.sglang_model` as ``cosyvoice_sglang.model``, found
+    through ``SGLANG_EXTERNAL_MODEL_PACKAGE``) in folder ``dest``."""
+    pkg = dest / sglang_model.PACKAGE
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text('"""SGLang model classes of a cosycompile LM checkpoint (see model.py)."""\n')
+    shutil.copyfile(sglang_model.__file__, pkg / "model.py")
+    (dest / "pyproject.toml").write_text(f"""[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "cosyvoice-sglang"
+version = "1.0"
+description = "SGLang model class for cosycompile's CosyVoice LM checkpoints (Qwen2 with an lm_head bias)"
+requires-python = ">=3.9"
+
+[tool.setuptools]
+packages = ["{sglang_model.PACKAGE}"]
+""")
+
+
+def write_trtllm_plugin(dest: Path) -> None:
+    """The TensorRT-LLM model package (:mod:`.trtllm_model` as ``cosyvoice_trtllm``, for
+    ``--custom_module_dirs``) in folder ``dest``."""
+    pkg = dest / trtllm_model.PACKAGE
+    pkg.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(trtllm_model.__file__, pkg / "__init__.py")
 
 
 def _save_tokenizer(tokenizer: Any, tmap: TokenMap, out: Path) -> None:
