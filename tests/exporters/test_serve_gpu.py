@@ -14,12 +14,17 @@ CPU bundle: the same tokens through the same runtimes over the same graphs.
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import pytest
 
+from helpers import EVAL_SET
 from hostile_harness import CachedBuild
 
 TEXT = ("Hello there, this is the first sentence of a small streaming test for the GPU layout. "
@@ -91,6 +96,7 @@ class FakePb:
 @pytest.fixture(scope="module")
 def served(followup: CachedBuild, tiny_model_dir: Path) -> dict[str, Any]:
     """The CPU bundle loaded, the HF rewrite's token map of its model, and the fake answering as its engines."""
+    from cosycompile.exporters.triton.serve_gpu import Token2Wav, speech_runtimes
     from cosycompile.families import load_models
     from cosycompile.runtime.bundle import load_bundle, recipe_sampling
     from cosycompile.runtime.pipeline import Prompt, Sampling
@@ -115,9 +121,17 @@ def served(followup: CachedBuild, tiny_model_dir: Path) -> dict[str, Any]:
 
         return run
 
-    def tensorrt_llm(feeds: dict[str, np.ndarray], decoupled: bool) -> Iterator[_Response]:
-        """TensorRT-LLM's streamed decoding, as the bundle's LM decodes the same prompt ids."""
-        seen["streaming"], seen["decoupled"] = bool(feeds["streaming"].reshape(-1)[0]), decoupled
+    def tensorrt_llm(feeds: dict[str, np.ndarray], decoupled: bool) -> Any:
+        """TensorRT-LLM's decoding (streamed, or one response of the generated ids), as the bundle's LM
+        decodes the same prompt ids."""
+        seen["streaming"] = bool(feeds["streaming"].reshape(-1)[0]) if "streaming" in feeds else False
+        seen["decoupled"] = decoupled
+        if decoupled:
+            return _stream(feeds)
+        out = [r.outputs["output_ids"] for r in _stream(feeds) if r.outputs]
+        return _Response({"output_ids": np.concatenate(out, axis=2), "sequence_length": np.array([[len(out)]], np.int32)})
+
+    def _stream(feeds: dict[str, np.ndarray]) -> Iterator[_Response]:
         ids = feeds["input_ids"].reshape(-1).tolist()
         task = ids.index(tmap.task_id_id)
         assert ids[0] == tmap.sos_id
@@ -132,10 +146,15 @@ def served(followup: CachedBuild, tiny_model_dir: Path) -> dict[str, Any]:
         yield _Response({})  # the empty response that closes a decoupled stream
 
     handlers = {m: plan(m) for m in engines} | {"tensorrt_llm": tensorrt_llm}
-    return {"bundle": bundle, "loaded": loaded, "tmap": tmap, "pb": FakePb(handlers), "seen": seen}
+    pb = FakePb(handlers)
+    token2wav = Token2Wav()
+    token2wav.pb = pb
+    token2wav.flow, token2wav.hift = speech_runtimes(pb, bundle / "engines", {})
+    handlers["token2wav"] = lambda feeds, decoupled: _Response(token2wav._wav(feeds))
+    return {"bundle": bundle, "loaded": loaded, "tmap": tmap, "pb": pb, "seen": seen}
 
 
-def _front_model(served: dict[str, Any], decoupled: bool) -> Any:
+def _front_model(served: dict[str, Any], decoupled: bool, version_dir: Path | None = None) -> Any:
     """The streaming front model set up as ``initialize`` would, on the fake utilities."""
     from cosycompile.exporters.triton.serve_gpu import ServedVocab, TextToWave, speech_runtimes
     from cosycompile.runtime.bundle import recipe_sampling
@@ -150,6 +169,7 @@ def _front_model(served: dict[str, Any], decoupled: bool) -> Any:
                             tuple(t["stop_ids"]))
     bls.sampling = recipe_sampling(loaded.recipe)
     bls.flow, bls.hift = speech_runtimes(served["pb"], served["bundle"] / "engines", {})
+    bls.dir, bls.speakers = version_dir or served["bundle"], {}
     return bls
 
 
@@ -182,3 +202,39 @@ def test_the_speech_stream_stops_at_any_stop_id_and_drops_text_ids(served: dict[
     s = served["tmap"].speech_id
     batches = [np.array([s(4)]), np.array([7, s(9)]), np.array([t["stop_ids"][-1], s(3)]), np.array([s(5)])]
     assert list(vocab.speech_stream(iter(batches))) == [4, 9]
+
+
+def test_a_cached_speaker_streams_and_answers_as_synthesize_with_it(served: dict[str, Any], tmp_path: Path) -> None:
+    """A ``speaker`` request on both front models: the chunks of ``synthesize --stream --speaker`` (decoupled)
+    and the audio of ``synthesize --speaker`` (plain, through token2wav) on the same bundle."""
+    from cosycompile.runtime.bundle import read_manifest, recipe_sampling, stream_pieces, synthesize_pieces
+    from cosycompile.runtime.speakers import load_speaker
+    from cosycompile.runtime.text import split_text
+
+    item = json.loads((EVAL_SET / "manifest.jsonl").read_text().splitlines()[0])
+    bundle = tmp_path / "bundle"
+    shutil.copytree(served["bundle"], bundle)
+    res = subprocess.run([sys.executable, "-m", "cosycompile", "speakers", "add", str(bundle), "--name", "alice",
+                          "--prompt-wav", str(EVAL_SET / item["prompt_wav"]), "--prompt-text", item["prompt_text"]],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    speaker = load_speaker(bundle, read_manifest(bundle / "manifest.json"), "alice")
+    loaded = served["loaded"]
+    prompt = loaded.frontend.prompt_from_features(speaker.features, speaker.prompt_text, TEXT)
+    ids = [loaded.frontend.text_ids(p) for p in split_text(TEXT, 80)]
+    sampling = recipe_sampling(loaded.recipe)
+    request = {"target_text_utf8": np.frombuffer(TEXT.encode(), np.uint8)[None],
+               "speaker_utf8": np.frombuffer(b"alice", np.uint8)[None]}
+
+    streamed = [w for w in _front_model(served, True, bundle)._waves(request) if len(w)]
+    expected = [c.wav for c in stream_pieces(loaded.pipeline, ids, prompt, sampling) if len(c.wav)]
+    assert len(streamed) == len(expected) and all(np.array_equal(a, b) for a, b in zip(streamed, expected))
+
+    offline = list(_front_model(served, False, bundle)._waves(request))
+    whole = list(synthesize_pieces(loaded.pipeline, ids, prompt, sampling))
+    assert len(offline) == len(whole) == 2 and all(np.array_equal(a, b) for a, b in zip(offline, whole))
+
+    no_speaker = list(_front_model(served, False, bundle)._waves({"target_text_utf8": request["target_text_utf8"]}))
+    assert not np.array_equal(no_speaker[0], offline[0]), "the speaker changed nothing: this test proves nothing"
+    with pytest.raises(Exception, match="no speaker 'bob'"):
+        list(_front_model(served, False, bundle)._waves({**request, "speaker_utf8": np.frombuffer(b"bob", np.uint8)[None]}))

@@ -26,6 +26,8 @@ from cosycompile.exporters.triton.config import ModelConfig, TensorConfig, spec_
 from cosycompile.exporters.triton.cpu import INPUTS, OUTPUTS, model_names
 from cosycompile.exporters.triton.repository import RepoOptions, Writer
 from cosycompile.exporters.triton.shim import model_py
+from cosycompile.runtime.bundle import MANIFEST
+from cosycompile.runtime.speakers import SPEAKERS_DIR
 
 SERVE_MODULE = "cosycompile.exporters.triton.serve_gpu"
 PLAN_SUFFIX = ".plan"  # cosycompile.backends.tensorrt.build.PLAN_SUFFIX (not imported: it loads TensorRT helpers)
@@ -153,6 +155,9 @@ def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
         if cfg.name in front:
             w.link("recipe.json", f"{cfg.name}/1/recipe.json")
             w.link(token_map, f"{cfg.name}/1/{TOKEN_MAP}")
+            # Cached speakers, checked against the manifest's digests when a request names one.
+            w.link(MANIFEST, f"{cfg.name}/1/{MANIFEST}")
+            w.link_tree(SPEAKERS_DIR, f"{cfg.name}/1/{SPEAKERS_DIR}")
         if cfg.name in ("token2wav", front[0]):  # the streaming model cuts its chunks with the same runtimes
             for stage in ("flow", "hift"):  # graphs.json (runtime info) and numpy assets; the engines are models
                 w.link_tree(f"engines/{stage}", f"{cfg.name}/1/{stage}", skip=(PLAN_SUFFIX, "engine.json"))
@@ -183,7 +188,9 @@ in the shape of CosyVoice's `runtime/triton_trtllm`. Models: {', '.join(f'`{m}`'
   reads the LM's tokens as they come (`tensorrt_llm` with `streaming`) and cuts chunks on the family's
   schedule with the same runtimes over the same engines (cosycompile's `runtime/streaming.py`; behind
   trtllm-serve the tokens arrive at once and are cut the same way). A prompt goes through `audio_tokenizer` and
-  `speaker_embedding`. The LM's prompt, speech and stop ids are those of `{TOKEN_MAP}` beside their
+  `speaker_embedding`; a `speaker` input names a voice cached in the bundle (`cosycompile speakers add`),
+  read from `speakers/` beside the model (digest-checked against the linked manifest). The LM's prompt,
+  speech and stop ids are those of `{TOKEN_MAP}` beside their
   `model.py`. Inputs and outputs are those of the CPU layout (`target_text` or `target_text_utf8`, optional
   prompt inputs and `seed`; `waveform` at the vocoder's sample rate).
 - `token2wav` runs the CFM loop and the iSTFT in numpy (cosycompile's runtime) and calls the TensorRT

@@ -225,6 +225,29 @@ class TextToWave(_Base):
         self.max_chars = int(self.params.get("max_chars") or 80)
         if self.decoupled:
             self.flow, self.hift = speech_runtimes(self.pb, self.dir, self.params)
+        self.speakers: dict[str, Any] = {}
+
+    def _speaker(self, name: str) -> Any:
+        """A speaker cached in the bundle (linked beside the model with its manifest), read and
+        digest-checked once per model instance."""
+        from cosycompile.runtime.bundle import MANIFEST, read_manifest
+        from cosycompile.runtime.speakers import load_speaker
+
+        if name not in self.speakers:
+            self.speakers[name] = load_speaker(self.dir, read_manifest(self.dir / MANIFEST), name)
+        return self.speakers[name]
+
+    def _request_prompt(self, request: Any) -> tuple[dict[str, np.ndarray], str]:
+        """(prompt features for token2wav, prompt text) of a request: a cached ``speaker``, a
+        ``reference_wav`` (with ``reference_text``) or none."""
+        speaker = input_text(self.pb, request, "speaker", self.bytes_ok)
+        if speaker is None:
+            return self._prompt(request), input_text(self.pb, request, "reference_text", self.bytes_ok) or ""
+        if self.pb.get_input_tensor_by_name(request, "reference_wav") is not None:
+            raise ValueError("speaker replaces reference_wav and reference_text (a speaker is a cached prompt)")
+        cached = self._speaker(speaker)
+        return {"prompt_speech_tokens": cached.speech_tokens, "prompt_speech_feat": cached.mel,
+                "prompt_spk_embedding": cached.embedding}, cached.prompt_text
 
     def _prompt(self, request: Any) -> dict[str, np.ndarray]:
         """Prompt features by BLS (audio_tokenizer, speaker_embedding) plus the prompt mel, or {} without a prompt."""
@@ -297,8 +320,8 @@ class TextToWave(_Base):
         text = input_text(self.pb, request, "target_text", self.bytes_ok)
         if text is None or not text.strip():
             raise ValueError("target_text (or target_text_utf8): missing or empty")
-        prompt = self._prompt(request)
-        ref_ids = self.prompt_text_ids(input_text(self.pb, request, "reference_text", self.bytes_ok) or "", text)
+        prompt, ref_text = self._request_prompt(request)
+        ref_ids = self.prompt_text_ids(ref_text, text)
         seed_in = input_array(self.pb, request, "seed")
         seed = int(seed_in.reshape(-1)[0]) if seed_in is not None else self.sampling.seed
         ptok = [int(t) for t in prompt.get("prompt_speech_tokens", [])]
