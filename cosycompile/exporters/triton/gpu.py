@@ -156,7 +156,7 @@ def write_gpu(w: Writer, options: RepoOptions, out: Path) -> str:
             w.link("recipe.json", f"{cfg.name}/1/recipe.json")
             w.link(token_map, f"{cfg.name}/1/{TOKEN_MAP}")
             # Cached speakers, checked against the manifest's digests when a request names one.
-            w.link(MANIFEST, f"{cfg.name}/1/{MANIFEST}")
+            w.link_manifest(f"{cfg.name}/1/{MANIFEST}")
             w.link_tree(SPEAKERS_DIR, f"{cfg.name}/1/{SPEAKERS_DIR}")
         if cfg.name in ("token2wav", front[0]):  # the streaming model cuts its chunks with the same runtimes
             for stage in ("flow", "hift"):  # graphs.json (runtime info) and numpy assets; the engines are models
