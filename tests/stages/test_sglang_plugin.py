@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -156,10 +157,16 @@ def test_a_tied_head_is_refused(sglang: dict[str, type], hf: dict[str, Any]) -> 
         sglang[ARCHITECTURE](config)
 
 
-def test_the_checkpoint_dir_says_how_sglang_loads_it(hf: dict[str, Any]) -> None:
+def test_the_checkpoint_dir_says_how_sglang_loads_it(hf: dict[str, Any], tmp_path: Path) -> None:
     import json
 
     note = json.loads((hf["dir"] / "cosycompile_llm.json").read_text())["sglang"]
     assert note["environment"] == {"SGLANG_EXTERNAL_MODEL_PACKAGE": "cosyvoice_sglang"}
     assert json.loads(note["load"]["json_model_override_args"]) == {"architectures": ["CosyVoiceLMForCausalLM"]}
-    assert (hf["dir"] / "sglang_plugin" / "pyproject.toml").is_file()
+    # ``pip install ./sglang_plugin`` (the note's command) installs the package the registry scans.
+    target = tmp_path / "site"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--target", str(target), str(hf["dir"] / "sglang_plugin")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert sorted(p.name for p in (target / "cosyvoice_sglang").glob("*.py")) == ["__init__.py", "model.py"]

@@ -274,21 +274,27 @@ def finish_dir(out: Path, lm: Any, cfg: Any, tmap: TokenMap, tokenizer: Any | No
     return {"token_map": tmap.as_json(), "dtype": dtype, "quantization": quantization}
 
 
-def write_vllm_plugin(dest: Path) -> None:
-    """The installable vLLM plug-in (:mod:`.vllm_model` as module ``cosyvoice_vllm``, registered under
-    vLLM's ``vllm.general_plugins`` entry point) in folder ``dest``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(vllm_model.__file__, dest / f"{vllm_model.MODULE}.py")
+def _pyproject(dest: Path, server: str, body: str) -> None:
+    """The ``pyproject.toml`` that makes ``dest`` pip-installable as ``cosyvoice-<server>`` (``body``: its
+    entry points and what it packages)."""
     (dest / "pyproject.toml").write_text(f"""[build-system]
 requires = ["setuptools>=61"]
 build-backend = "setuptools.build_meta"
 
 [project]
-name = "cosyvoice-vllm"
+name = "cosyvoice-{server.lower()}"
 version = "1.0"
-description = "vLLM model class for cosycompile's CosyVoice LM checkpoints (Qwen2 with an lm_head bias)"
+description = "{server} model class for cosycompile's CosyVoice LM checkpoints (Qwen2 with an lm_head bias)"
 requires-python = ">=3.9"
+{body}""")
 
+
+def write_vllm_plugin(dest: Path) -> None:
+    """The installable vLLM plug-in (:mod:`.vllm_model` as module ``cosyvoice_vllm``, registered under
+    vLLM's ``vllm.general_plugins`` entry point) in folder ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(vllm_model.__file__, dest / f"{vllm_model.MODULE}.py")
+    _pyproject(dest, "vLLM", f"""
 [project.entry-points."vllm.general_plugins"]
 cosyvoice_lm = "{vllm_model.MODULE}:register"
 
@@ -304,16 +310,7 @@ def write_sglang_plugin(dest: Path) -> None:
     pkg.mkdir(parents=True, exist_ok=True)
     (pkg / "__init__.py").write_text('"""SGLang model classes of a cosycompile LM checkpoint (see model.py)."""\n')
     shutil.copyfile(sglang_model.__file__, pkg / "model.py")
-    (dest / "pyproject.toml").write_text(f"""[build-system]
-requires = ["setuptools>=61"]
-build-backend = "setuptools.build_meta"
-
-[project]
-name = "cosyvoice-sglang"
-version = "1.0"
-description = "SGLang model class for cosycompile's CosyVoice LM checkpoints (Qwen2 with an lm_head bias)"
-requires-python = ">=3.9"
-
+    _pyproject(dest, "SGLang", f"""
 [tool.setuptools]
 packages = ["{sglang_model.PACKAGE}"]
 """)
