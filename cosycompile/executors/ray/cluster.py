@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from cosycompile.errors import UserError
 
 CONNECT_TIMEOUT_S = 5.0
+CONNECT_TRIES = 2
+CONNECT_RETRY_PAUSE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -58,11 +61,23 @@ def connect(address: str) -> Any:
     except OSError as exc:
         raise UserError(f"Ray cluster {address}: nothing answers at {host}:{port} ({exc.strerror or exc}); "
                         "start the head with `ray start --head` or fix the address") from None
-    # The workers' output is not forwarded: the driver prints one line per step, and a failing
-    # step's error comes back with its task.
-    ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
-             configure_logging=True)
-    return ray
+    # Past the probe, Ray's own connect can still fail on a busy head ("Starting Ray client server
+    # failed", a GCS that times out): once more after a pause, then one line, never a traceback.
+    failure = ""
+    for attempt in range(CONNECT_TRIES):
+        try:
+            # The workers' output is not forwarded: the driver prints one line per step, and a
+            # failing step's error comes back with its task.
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False,
+                     configure_logging=True)
+            return ray
+        except Exception as exc:  # Ray raises RuntimeError, ConnectionError or its own classes here
+            failure = f"{exc.__class__.__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            ray.shutdown()  # a half-made connection is not reused by the next try
+            if attempt + 1 < CONNECT_TRIES:
+                time.sleep(CONNECT_RETRY_PAUSE_S)
+    raise UserError(f"Ray cluster {address}: connecting failed {CONNECT_TRIES} times ({failure[:300]}); "
+                    "check the head with `ray status` and try again")
 
 
 def live_nodes(ray: Any) -> list[Node]:
