@@ -146,8 +146,17 @@ def step_threads(step: Step) -> int:
     return max(1, int(threads or 1))
 
 
+def expected_peak(step: Step, peaks: dict[tuple[str, str], float]) -> float | None:
+    """The peak RSS in MB ``step`` is expected to reach: its kind's recorded peak, else the largest
+    recorded for a step of the same name (the stage's step built with another format or backend: a
+    kind never built here still asks for about what its stage needed), else None."""
+    same_name = [v for (name, _), v in peaks.items() if name == step.name]
+    return peaks.get((step.name, step.kind)) or (max(same_name) if same_name else None)
+
+
 def task_options(step: Step, peaks: dict[tuple[str, str], float], nodes: list[Any]) -> dict[str, Any]:
-    """Ray's ``num_cpus``, ``resources`` and (when a peak is recorded) ``memory`` for ``step``.
+    """Ray's ``num_cpus``, ``resources`` and (when a peak is expected, :func:`expected_peak`) ``memory``
+    for ``step``.
 
     A GPU-kind step is counted in its GPU kind (one at a time per unit a node offers), not in CPUs: a
     GPU node started with --num-cpus=0 then takes only the steps that need it. CPU and memory
@@ -160,7 +169,7 @@ def task_options(step: Step, peaks: dict[tuple[str, str], float], nodes: list[An
     else:
         most_cpus = max((n.resources.get("CPU", 0.0) for n in eligible), default=0.0)
         options = {"num_cpus": max(1, min(step_threads(step), int(most_cpus))), "resources": {}}
-    peak = peaks.get((step.name, step.kind))
+    peak = expected_peak(step, peaks)
     most_memory = max((n.resources.get("memory", 0.0) for n in eligible), default=0.0)
     if peak and most_memory:  # no node reports its memory: Ray would not count a request either
         options["memory"] = min(int(peak * MEMORY_MARGIN * 2**20), int(most_memory))

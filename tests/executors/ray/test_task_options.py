@@ -58,7 +58,7 @@ def test_cpu_steps_ask_for_their_threads_and_their_recorded_memory(steps: dict) 
     peaks = {("reference", ref.kind): 2000.0}
     assert task_options(ref, peaks, nodes) == {"num_cpus": threads, "resources": {},
                                                "memory": int(2000.0 * MEMORY_MARGIN * 2**20)}
-    # No peak recorded for the export's kind: no memory request, one CPU.
+    # No peak recorded for the export's kind, nor for any llm.export: no memory request, one CPU.
     assert task_options(export, peaks, nodes) == {"num_cpus": 1, "resources": {}}
     assert describe_request(task_options(ref, peaks, nodes)) == f"CPU x{threads}, 2.4 GB"
     assert describe_request(task_options(export, peaks, nodes)) == "CPU x1"
@@ -78,3 +78,17 @@ def test_requests_are_capped_at_the_largest_node_that_can_run_the_step(steps: di
     # Nodes that report no memory: nothing to cap at, and nothing asked.
     bare = [Node("cpu", "127.0.0.1", {"CPU": 2.0})]
     assert task_options(ref, huge, bare) == {"num_cpus": min(2, step_threads(ref)), "resources": {}}
+
+
+def test_a_kind_never_built_asks_what_its_stage_step_needed_with_another_kind(steps: dict) -> None:
+    """An ``llm.engine`` of a format this cache never built asks for the largest peak recorded by an
+    ``llm.engine`` of another kind, not for nothing; a step whose name was never built asks nothing."""
+    engine, export = steps["llm.engine"], steps["llm.export"]
+    nodes = [Node("cpu", "127.0.0.1", {"CPU": 8.0, "memory": 20.0 * GB})]
+    peaks = {("llm.engine", "another.kind"): 3000.0, ("llm.engine", "a.third.kind"): 1000.0}
+    assert engine.kind not in {k for _, k in peaks}
+    assert task_options(engine, peaks, nodes)["memory"] == int(3000.0 * MEMORY_MARGIN * 2**20)
+    # Its own kind's record, when there is one, wins over the others'.
+    own = {**peaks, ("llm.engine", engine.kind): 500.0}
+    assert task_options(engine, own, nodes)["memory"] == int(500.0 * MEMORY_MARGIN * 2**20)
+    assert "memory" not in task_options(export, peaks, nodes)
