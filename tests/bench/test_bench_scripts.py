@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO
 from hostile_harness import CachedBuild
 
@@ -172,3 +174,20 @@ def test_triton_stream_times_the_first_chunk_through_the_real_server(followup: C
     assert out["quality"] == {"speaker_vs_prompt_max_abs": 0.0, "stream_samples_equal_offline_length": True}
     assert "| stream_speaker |" in res.stdout
     assert not list(bundle.glob("speakers*")), "the benchmark added its speaker to the build's own bundle"
+
+
+@pytest.mark.vllm
+def test_vllm_decode_times_both_sides_with_their_tokens(tmp_path: Path) -> None:
+    """bench/vllm_decode.py against the real vLLM of ``make test-vllm``: both sides timed per pair, and
+    vLLM (through the shipped plug-in) decodes the engine's tokens."""
+    import os
+
+    python = os.environ.get("COSYCOMPILE_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
+    res = _bench("vllm_decode.py", "--tokens", "12", "--pairs", "1", "--vllm-python", python,
+                 "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "bench" / "vllm_decode-tiny.json").read_text())
+    (pair,) = out["pairs"]
+    assert pair["ort_tokens"] == pair["vllm_tokens"] == 12 and out["identical_tokens"] == 12
+    assert out["ort_ms_per_token"] > 0 and out["vllm_ms_per_token"] > 0
+    assert "| builtin:tiny |" in res.stdout

@@ -1,0 +1,167 @@
+"""Benchmark: the LM's decode through a real vLLM (its CPU build, loading the HF rewrite with the
+shipped plug-in) against the ONNX Runtime engine of ``recipes/cpu-fp32.yaml``, pairs interleaved.
+
+Both decode greedily from the same prompt (the model's text ids, no prompt speech) for exactly
+``--tokens`` new tokens (vLLM with ``min_tokens`` set to it; the engine's cap, on a model that does
+not stop earlier). Each pair times one ONNX Runtime decode, then one vLLM decode (the vLLM engine is
+loaded once in a worker process of the vLLM venv and kept warm); ms/token is the whole generate call
+(prefill included) over the tokens. Reported: each side's median ms/token, the median of per-pair
+ratios (vLLM / ONNX Runtime) with its range, and the quality of the same decodes: how many of vLLM's
+tokens equal the engine's (the engine's are the reference's: its check gates that).
+
+Usage: python bench/vllm_decode.py [--model builtin:tiny] [--tokens 100] [--pairs 5] [--threads 2]
+       [--vllm-python .venv-vllm/bin/python] [--artifacts artifacts]
+Writes ``<artifacts>/bench/vllm_decode-<model>.json`` and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "bench")]
+
+from builtin_models import build_steps, machine  # noqa: E402
+
+LOAD_TIMEOUT_S, DECODE_TIMEOUT_S = 900.0, 600.0
+TEXT = ("This sentence gives the speech-token model something to say, long enough for a hundred tokens "
+        "and more, with commas, clauses and a full stop.")
+
+
+class Worker:
+    """bench/vllm_worker.py in the vLLM venv, the rewrite loaded with the plug-in installed beside it.
+    Its stdout is read by a thread, so every wait on it is bounded."""
+
+    def __init__(self, python: str, rewrite: Path, site: Path) -> None:
+        from cosycompile.stages.llm.vllm_model import ARCHITECTURE
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env.update(PYTHONPATH=str(site), VLLM_TARGET_DEVICE="cpu")
+        cfg = json.dumps({"model": str(rewrite), "architecture": ARCHITECTURE})
+        self.proc = subprocess.Popen([python, str(REPO / "bench" / "vllm_worker.py"), cfg], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._wait("READY", LOAD_TIMEOUT_S)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout or []:
+            self.lines.put(line)
+
+    def _wait(self, prefix: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                self.proc.kill()
+                sys.exit(f"vLLM worker: no {prefix} within {timeout:.0f} s (exit {self.proc.poll()})")
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+
+    def decode(self, req: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._wait("RESULT ", DECODE_TIMEOUT_S))
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="builtin:tiny")
+    ap.add_argument("--tokens", type=int, default=100)
+    ap.add_argument("--pairs", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2, help="the ONNX Runtime engine's intra-op threads")
+    ap.add_argument("--vllm-python", default=os.environ.get("COSYCOMPILE_VLLM_PYTHON",
+                                                            str(REPO / ".venv-vllm" / "bin" / "python")))
+    ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
+    args = ap.parse_args()
+    if not Path(args.vllm_python).is_file():
+        sys.exit(f"no vLLM venv at {args.vllm_python}: run `make test-vllm` (it builds one)")
+
+    import copy
+
+    from cosycompile.families import load_models
+    from cosycompile.runtime.frontend import Frontend
+    from cosycompile.runtime.loading import stage_runtime
+    from cosycompile.runtime.pipeline import Prompt, Sampling
+    from cosycompile.stages.llm.hf_rewrite import VLLM_PLUGIN_DIR, token_map, write_hf_rewrite
+
+    tag = args.model.replace("builtin:", "")
+    dirs = build_steps({"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "model": args.model,
+                        "stages": {"flow": {"enabled": False}, "hift": {"enabled": False}}},
+                       f"bench-vllm-{tag}", ["model", "llm.engine"], args.artifacts)
+    model_dir = dirs["model"]
+    engine = stage_runtime("llm", dirs["llm.engine"], args.threads)
+    text_ids = Frontend(model_dir).text_ids(TEXT)
+    models = load_models(model_dir, ("llm",))
+    tmap = token_map(models.config, None, models.family)
+    with tempfile.TemporaryDirectory(prefix="vllm-decode-") as tmp:
+        rewrite, site = Path(tmp) / "hf", Path(tmp) / "site"
+        write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, rewrite, "float32")
+        del models
+        subprocess.run([args.vllm_python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                        "--target", str(site), str(rewrite / VLLM_PLUGIN_DIR)], check=True, capture_output=True,
+                       timeout=300)
+        worker = Worker(args.vllm_python, rewrite, site)
+        req = {"ids": tmap.prompt_ids([int(i) for i in text_ids]), "max_tokens": args.tokens,
+               "min_tokens": args.tokens, "stop": tmap.stop_ids}
+        sampling = Sampling(mode="greedy", max_tokens=args.tokens)
+        try:
+            worker.decode(req)  # warm-up on both sides
+            engine.generate(text_ids, Prompt.empty(), sampling)
+            pairs = []
+            for i in range(args.pairs):
+                t0 = time.perf_counter()
+                ort_tokens = engine.generate(text_ids, Prompt.empty(), sampling)
+                ort_s = time.perf_counter() - t0
+                got = worker.decode(req)
+                vllm_tokens = [t - tmap.text_vocab for t in got["tokens"]]
+                pairs.append({"ort_ms_per_token": 1000 * ort_s / max(len(ort_tokens), 1),
+                              "vllm_ms_per_token": 1000 * got["seconds"] / max(len(vllm_tokens), 1),
+                              "ort_tokens": len(ort_tokens), "vllm_tokens": len(vllm_tokens),
+                              "identical": int(sum(a == b for a, b in zip(ort_tokens.tolist(), vllm_tokens)))})
+                print(f"pair {i + 1}/{args.pairs}: ONNX Runtime {pairs[-1]['ort_ms_per_token']:.2f} ms/token, "
+                      f"vLLM {pairs[-1]['vllm_ms_per_token']:.2f} ms/token", file=sys.stderr, flush=True)
+        finally:
+            worker.close()
+
+    ratios = [p["vllm_ms_per_token"] / p["ort_ms_per_token"] for p in pairs]
+    summary = {
+        "machine": machine(), "model": args.model, "tokens": args.tokens, "pairs": pairs, "threads": args.threads,
+        "ort_ms_per_token": statistics.median(p["ort_ms_per_token"] for p in pairs),
+        "vllm_ms_per_token": statistics.median(p["vllm_ms_per_token"] for p in pairs),
+        "vllm_over_ort": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+        "identical_tokens": min(p["identical"] for p in pairs), "compared_tokens": min(p["ort_tokens"] for p in pairs),
+    }
+    out = args.artifacts / "bench" / f"vllm_decode-{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1))
+    r = summary["vllm_over_ort"]
+    print(f"| model | ONNX Runtime ms/token | vLLM (CPU) ms/token | vLLM / ORT (per pair) | identical tokens |\n"
+          f"|---|---|---|---|---|\n| {args.model} | {summary['ort_ms_per_token']:.2f} | "
+          f"{summary['vllm_ms_per_token']:.2f} | {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f}, {args.pairs} pairs) | "
+          f"{summary['identical_tokens']} of {summary['compared_tokens']} |")
+
+
+if __name__ == "__main__":
+    main()
