@@ -48,9 +48,14 @@ class Worker:
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env.update(PYTHONPATH=str(site), VLLM_TARGET_DEVICE="cpu")
-        cfg = json.dumps({"model": str(rewrite), "architecture": ARCHITECTURE})
+        # vLLM's CPU backend reserves this share of RAM for the weights and the KV cache together:
+        # twice the weights (what the loaded model measured, with its work buffers) plus 1 GiB of cache.
+        weights = sum(p.stat().st_size for p in rewrite.glob("*.safetensors"))
+        share = min(0.9, (2 * weights + 2**30) / (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+        cfg = json.dumps({"model": str(rewrite), "architecture": ARCHITECTURE, "memory_share": round(share, 3)})
+        self.log = tempfile.TemporaryFile(mode="w+")  # vLLM's own output, shown if the worker dies
         self.proc = subprocess.Popen([python, str(REPO / "bench" / "vllm_worker.py"), cfg], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self._wait("READY", LOAD_TIMEOUT_S)
@@ -63,10 +68,14 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                line = self.lines.get(timeout=1.0)
             except queue.Empty:
+                if self.proc.poll() is None and time.monotonic() < deadline:
+                    continue
                 self.proc.kill()
-                sys.exit(f"vLLM worker: no {prefix} within {timeout:.0f} s (exit {self.proc.poll()})")
+                self.log.seek(0)
+                tail = self.log.read()[-3000:]
+                sys.exit(f"vLLM worker: no {prefix.strip()} (exit {self.proc.wait()}, {timeout:.0f} s allowed):\n{tail}")
             if line.startswith(prefix):
                 return line[len(prefix):].strip()
 
