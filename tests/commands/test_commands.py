@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from typing import Callable
 
 import pytest
 
 from cosycompile.cli import build_parser, command_modules
+from cosycompile.errors import BuildFailed, RecipeError, Terminated, exit_status
 
 
 def _names() -> list[str]:
@@ -44,3 +46,32 @@ def test_a_reader_that_goes_away_is_no_traceback() -> None:
     res = subprocess.run(f"{sys.executable} -m cosycompile gate --list-metrics | head -1", shell=True,
                          capture_output=True, text=True, timeout=120)
     assert len(res.stdout.splitlines()) == 1 and "Traceback" not in res.stderr, res.stderr
+
+
+def _raises(exc: BaseException) -> Callable[[], int]:
+    def run() -> int:
+        raise exc
+    return run
+
+
+@pytest.mark.parametrize(("run", "status", "says"), [
+    (lambda: 3, 3, ""),
+    (_raises(RecipeError("r.yaml: bad\nkey")), 2,
+     "cosycompile: error: r.yaml: bad\\nkey"),
+    (_raises(BuildFailed("flow.engine on node b")), 1,
+     "cosycompile: build failed: flow.engine on node b"),
+    (_raises(FileNotFoundError(2, "No such file or directory", "/x\ty")), 2,
+     "cosycompile: error: /x\\ty: No such file or directory"),
+    (_raises(KeyboardInterrupt()), 130, "cosycompile: interrupted; finished steps stay cached"),
+    (_raises(Terminated()), 143, "cosycompile: terminated;"),
+])
+def test_how_a_command_ends_is_its_exit_status_and_one_line(run: Callable[[], int], status: int, says: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert exit_status(run) == status
+    err = capsys.readouterr().err
+    assert err.startswith(says) and err.count("\n") == (1 if says else 0) and "Traceback" not in err, err
+
+
+def test_an_os_error_about_no_path_is_a_bug_shown_as_one() -> None:
+    with pytest.raises(OSError):
+        exit_status(_raises(OSError("no filename")))
