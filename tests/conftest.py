@@ -32,12 +32,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def followup(tmp_path_factory: pytest.TempPathFactory) -> CachedBuild:
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The artifacts dir of the session's seed store (see ``seed_store``): copy it with
+    ``seed_store.seeded``, never build into it."""
+    from seed_store import seed_store, session_dir
+
+    return seed_store(session_dir(tmp_path_factory.getbasetemp()))
+
+
+@pytest.fixture(scope="session")
+def followup(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> CachedBuild:
     """A recipe built once per session: hostile cases run in its artifacts dir and build it again after
     each refusal, which must be all cache hits (see ``hostile_harness.refused``)."""
     from hostile_harness import cached_build
 
-    return cached_build(tmp_path_factory.mktemp("followup"))
+    return cached_build(tmp_path_factory.mktemp("followup"), seed)
 
 
 # Opt-in markers: their tests run only when the ``-m`` expression names them. ``model05b``: a

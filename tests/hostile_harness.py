@@ -24,7 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import EVAL_SET, REPO, write_recipe
+from helpers import write_recipe
+from seed_store import FOLLOWUP, seeded
 
 MAX_SECONDS = 20.0  # generous for a loaded 2-core machine; the alias bomb used to run > 20 s at 820 MB
 MAX_RSS_MB = 1500  # the CLI with torch imported stays well under this; a 2,000-char text once took 7.6 GB
@@ -40,13 +41,10 @@ class CachedBuild:
     art: Path
 
 
-def cached_build(root: Path) -> CachedBuild:
-    """The cheapest full build (the tiny model's cpu-fp32, one eval item, one timing run) in ``root``."""
-    recipe = write_recipe(root / "followup.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "followup", "model": "builtin:tiny",
-        "validation": {"eval_set": str(EVAL_SET), "max_items": 1, "speed": {"warmup": 0, "runs": 1, "throughput": []}},
-    }, base=False)
-    built = CachedBuild(recipe, root / "art")
+def cached_build(root: Path, seed: Path) -> CachedBuild:
+    """The cheapest full build (``seed_store.FOLLOWUP``) in ``root``, from a copy of the session's seed."""
+    recipe = write_recipe(root / "followup.yaml", FOLLOWUP, base=False)
+    built = CachedBuild(recipe, seeded(seed, root / "art"))
     res = subprocess.run([sys.executable, "-m", "cosycompile", "build", str(recipe), "--artifacts", str(built.art), "-q"],
                          capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

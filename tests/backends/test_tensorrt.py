@@ -20,6 +20,7 @@ from cosycompile.recipe.schema import load_recipe
 from cosycompile.core.targets import TARGETS
 
 from helpers import REPO, run_cli, until_outputs, write_recipe
+from seed_store import seeded
 
 HAVE_RTX = importlib.util.find_spec("tensorrt_rtx") is not None
 HAVE_FP16_QUANTIZER = importlib.util.find_spec("cosycompile.quantize.modelopt_autocast") is not None
@@ -31,9 +32,10 @@ needs_rtx = pytest.mark.skipif(not HAVE_RTX, reason="TensorRT-RTX (tensorrt_rtx,
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One artifacts dir for the real builds, so that the FP32 and INT8 builds share model and exports."""
-    return tmp_path_factory.mktemp("trt-art")
+def art(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> Path:
+    """One artifacts dir for the real builds, so that the FP32 and INT8 builds share model and exports
+    (and, from the session's seed, the CPU builds' exports and calibration)."""
+    return seeded(seed, tmp_path_factory.mktemp("trt") / "art")
 
 
 def _build(recipe: Path, art: Path) -> dict[str, Path]:

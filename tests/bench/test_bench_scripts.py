@@ -12,6 +12,7 @@ import pytest
 
 from helpers import REPO
 from hostile_harness import CachedBuild
+from seed_store import seeded
 
 
 def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -35,12 +36,13 @@ def test_decode_bound_times_both_loops_against_the_floor(tmp_path: Path) -> None
     assert "| bf16 | static cache | 2 |" in res.stdout
 
 
-def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_path: Path) -> None:
+def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_path: Path, seed: Path) -> None:
+    art = seeded(seed, tmp_path / "art")
     res = _bench("pipeline_speed.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
                  "--tokens", "30", "--pairs", "1", "--cases", "hift,end_to_end,first_chunk",
-                 "--artifacts", str(tmp_path))
+                 "--artifacts", str(art))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    out = json.loads((tmp_path / "bench" / "pipeline_speed-cpu-fp32.json").read_text())
+    out = json.loads((art / "bench" / "pipeline_speed-cpu-fp32.json").read_text())
     assert set(out["speed"]) == {"hift", "end_to_end", "first_chunk"}
     assert out["rtf_built"] == out["speed"]["end_to_end"]["built_s"] / out["audio_seconds"] > 0
     q = out["quality"]
@@ -78,9 +80,10 @@ def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
     assert p["quality"]["hift_waveform_snr_db_on_reference_mel"] > 60
 
 
-def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path) -> None:
+def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path, seed: Path) -> None:
     res = _bench("studies/first_chunk.py", "--recipe", str(REPO / "recipes" / "cpu-fp32.yaml"), "--model", "builtin:tiny",
-                 "--rounds", "3", "--min-seconds", "0", "--artifacts", str(tmp_path), "--results", str(tmp_path))
+                 "--rounds", "3", "--min-seconds", "0", "--artifacts", str(seeded(seed, tmp_path / "art")),
+                 "--results", str(tmp_path))
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = json.loads((tmp_path / "first_chunk-cpu-fp32.json").read_text())
     assert out["rounds"] == 3 and out["chunk_tokens"] == 28

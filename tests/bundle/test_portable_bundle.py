@@ -19,7 +19,8 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from helpers import EVAL_SET, REPO, one_line_error, run_cli, write_recipe
+from helpers import EVAL_SET, one_line_error, run_cli, write_recipe
+from seed_store import SMALL_INT8, seeded
 
 # Runs the CLI in-process so the test can see what it imported (a bundle server has no torch).
 _PROBE = ("import sys\nfrom cosycompile.cli import main\nrc = main(sys.argv[1:])\n"
@@ -32,15 +33,12 @@ def _cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The small cpu-int8 build, its bundle, the packed archive and one unpacked copy."""
+def build(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict[str, Path]:
+    """The small cpu-int8 build (from the session's seed), its bundle, the packed archive and one
+    unpacked copy."""
     root = tmp_path_factory.mktemp("portable")
-    recipe = write_recipe(root / "cpu-int8-small.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
-        "calibration": {"max_items": 2},
-        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
-    }, base=False)
-    art = root / "art"
+    recipe = write_recipe(root / "cpu-int8-small.yaml", SMALL_INT8, base=False)
+    art = seeded(seed, root / "art")
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     (bundle,) = (art / "builds").glob("cpu-int8-*")

@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EVAL_SET, REPO, run_cli, write_recipe
+from helpers import EVAL_SET, run_cli, write_recipe
+from seed_store import FOLLOWUP, seeded
 
 
 @pytest.mark.slow
-def test_validate_rechecks_a_bundles_own_engines(tmp_path: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "later",
-        "validation": {"eval_set": str(EVAL_SET), "max_items": 1, "speed": {"runs": 1, "throughput": []}}}, base=False)
-    art = tmp_path / "art"
+def test_validate_rechecks_a_bundles_own_engines(tmp_path: Path, seed: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", {**FOLLOWUP, "name": "later"}, base=False)
+    art = seeded(seed, tmp_path / "art")
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0, res.stderr[-3000:]
     (bundle,) = (art / "builds").glob("later-*")
@@ -49,7 +48,7 @@ def test_validate_without_its_recipe_is_a_one_line_error(tmp_path: Path) -> None
 
 
 @pytest.mark.slow
-def test_gpu_engines_built_here_fail_the_gate_unless_allowed(tmp_path: Path) -> None:
+def test_gpu_engines_built_here_fail_the_gate_unless_allowed(tmp_path: Path, seed: Path) -> None:
     """TensorRT-RTX engines compile on this CPU machine but cannot run on it."""
     from cosycompile.backends.tensorrt import build_problem, run_problem
     from cosycompile.core.targets import TARGETS
@@ -61,7 +60,7 @@ def test_gpu_engines_built_here_fail_the_gate_unless_allowed(tmp_path: Path) -> 
         "name": "rtx-flow", "model": "builtin:tiny", "target": "rtx4090",
         "stages": {"llm": {"enabled": False}, "hift": {"enabled": False}, "flow": {"engine": {"backend": "tensorrt"}}},
         "validation": {"eval_set": str(EVAL_SET), "max_items": 1}})
-    art = tmp_path / "art"
+    art = seeded(seed, tmp_path / "art")
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 1, res.stderr[-3000:] + res.stdout[-2000:]
     assert "built, not validated here" in res.stdout and "cosycompile validate" in res.stdout

@@ -19,6 +19,7 @@ import pytest
 
 from helpers import (REPO, config_tensors, instance_kind, one_line_error, parse_model_config, run_cli,
                      tritonserver, write_recipe)
+from seed_store import SMALL_INT8, seeded
 
 pytestmark = pytest.mark.slow
 
@@ -34,16 +35,12 @@ PROMPT_TEXT = _ITEM["prompt_text"]
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The small cpu-int8 build with the triton exporter: its bundle and its repository."""
+def build(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict[str, Path]:
+    """The small cpu-int8 build (from the session's seed) with the triton exporter: its bundle and its
+    repository."""
     root = tmp_path_factory.mktemp("triton")
-    recipe = write_recipe(root / "cpu-int8-triton.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
-        "calibration": {"max_items": 2},
-        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
-        "exports": ["bundle", "triton"],
-    }, base=False)
-    art = root / "art"
+    recipe = write_recipe(root / "cpu-int8-triton.yaml", {**SMALL_INT8, "exports": ["bundle", "triton"]}, base=False)
+    art = seeded(seed, root / "art")
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
     (bundle,) = (art / "builds").glob("cpu-int8-*")

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import EVAL_SET, REPO, run_cli, until_outputs, write_recipe
+from seed_store import seeded
 
 CALIB = {"set": str(REPO / "calib_data" / "calib"), "max_items": 2}
 # Tiny Snake alphas of builtin:tiny-snake (models/loader.py TINY_SNAKE_ALPHAS): channel -> alpha.
@@ -47,9 +48,9 @@ HIFT_KEEP = ["/f0_predictor/", "/m_source/"]
 
 
 @pytest.fixture(scope="module")
-def fp16_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def fp16_build(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict:
     tmp = tmp_path_factory.mktemp("fp16")
-    art = tmp / "art"
+    art = seeded(seed, tmp / "art")
     recipe = _recipe(tmp, "tiny-fp16", {"llm": {"enabled": False}, "flow": {"quantize": {"format": "fp16"}},
                                         "hift": {"quantize": {"format": "fp16", "keep_fp32": HIFT_KEEP}}})
     res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", "quantize")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import EVAL_SET, REPO, run_cli, write_recipe
+from seed_store import seeded
 
 
 def _recipe(tmp: Path, quantize: dict, backend: str = "onnxruntime") -> Path:
@@ -23,10 +24,10 @@ def _recipe(tmp: Path, quantize: dict, backend: str = "onnxruntime") -> Path:
 
 
 @pytest.fixture(scope="module")
-def dynamic_build(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def dynamic_build(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict:
     tmp = tmp_path_factory.mktemp("dyn")
     recipe = _recipe(tmp, {"format": "int8", "quantizer": "ort_dynamic"})
-    res = run_cli("build", str(recipe), "--artifacts", str(tmp / "art"))
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp / "art")))
     return {"res": res, "art": tmp / "art"}
 
 

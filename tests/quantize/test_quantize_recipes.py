@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from helpers import REPO, run_cli, until_outputs, write_recipe
+from seed_store import seeded
 
 GPU_RECIPES = {
     # recipe: (LLM quant_algo in the HF and TRT-LLM checkpoints, flow Q/DQ element type)
@@ -21,9 +22,9 @@ GPU_RECIPES = {
 
 
 def _small(tmp: Path, name: str, extra: dict | None = None) -> Path:
-    """The repo recipe with a 4-item calibration run and one timed pair (the tests' time budget)."""
+    """The repo recipe with a 2-item calibration run (the seed's) and one timed pair (the tests' time budget)."""
     body = {"extends": str(REPO / "recipes" / f"{name}.yaml"), "name": name,
-            "calibration": {"set": str(REPO / "calib_data" / "calib"), "max_items": 4},
+            "calibration": {"set": str(REPO / "calib_data" / "calib"), "max_items": 2},
             "validation": {"speed": {"runs": 1, "throughput": []}}}
     body.update(extra or {})
     return write_recipe(tmp / f"{name}.yaml", body, base=False)
@@ -31,8 +32,9 @@ def _small(tmp: Path, name: str, extra: dict | None = None) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpu_builds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+def gpu_builds(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict[str, dict[str, Path]]:
     tmp = tmp_path_factory.mktemp("gpu")
+    seeded(seed, tmp / "art")
     out = {}
     for name in GPU_RECIPES:
         res = run_cli("build", str(_small(tmp, name)), "--artifacts", str(tmp / "art"), "--until", "quantize", "-q")
@@ -79,10 +81,10 @@ def test_gpu_recipe_flow_onnx_is_quantized(name: str, gpu_builds: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def cpu_int8(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def cpu_int8(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict:
     tmp = tmp_path_factory.mktemp("int8")
     recipe = _small(tmp, "cpu-int8")
-    res = run_cli("build", str(recipe), "--artifacts", str(tmp / "art"), "-q")
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp / "art")), "-q")
     return {"tmp": tmp, "art": tmp / "art", "res": res, "recipe": recipe}
 
 
@@ -114,7 +116,7 @@ def test_changing_only_the_calibration_set_reruns_calibration_and_downstream(cpu
     row["text"] = row["text"] + " Again."
     lines[0] = json.dumps(row, ensure_ascii=False)
     (calib / "manifest.jsonl").write_text("\n".join(lines) + "\n")
-    recipe = _small(tmp, "cpu-int8", {"calibration": {"set": str(calib), "max_items": 4}})
+    recipe = _small(tmp, "cpu-int8", {"calibration": {"set": str(calib), "max_items": 2}})
     res = run_cli("plan", str(recipe), "--artifacts", str(cpu_int8["art"]))
     assert res.returncode == 0, res.stderr
     status = {ln.split()[1]: ln.split()[0] for ln in res.stdout.splitlines() if ln.startswith("  ")}

@@ -19,6 +19,7 @@ import pytest
 from cosycompile.errors import RecipeError
 from cosycompile.recipe.schema import load_recipe
 from tests.helpers import REPO, write_recipe
+from seed_store import seeded
 
 
 def _target(path: Path) -> str | None:
@@ -39,9 +40,10 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def art(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The artifacts dir every recipe of this module builds into."""
-    return tmp_path_factory.mktemp("gpu-recipes") / "art"
+def art(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> Path:
+    """The artifacts dir every recipe of this module builds into, from the session's seed (the tiny
+    model's CPU builds: the same model, reference, ONNX exports and calibration)."""
+    return seeded(seed, tmp_path_factory.mktemp("gpu-recipes") / "art")
 
 
 def test_the_gpu_recipes_of_every_family_are_found() -> None:

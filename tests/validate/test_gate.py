@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_cli, write_recipe
+from seed_store import seeded
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -58,10 +59,11 @@ def test_unknown_gate_metric_in_recipe_is_rejected(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def degraded(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """A build whose HiFT is quantized to INT8 (HiFT does not hold up in INT8) and the matching FP32 build."""
+def degraded(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict:
+    """A build whose HiFT is quantized to INT8 (HiFT does not hold up in INT8) and the matching FP32
+    build, from the session's seed (only the HiFT's quantization and the checks run)."""
     tmp = tmp_path_factory.mktemp("degraded")
-    art = tmp / "art"
+    art = seeded(seed, tmp / "art")
     # One timed pair and no throughput sweep: these builds test the gate and the report, not speed.
     common = {"calibration": {"max_items": 2},
               "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}}}
