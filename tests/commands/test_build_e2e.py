@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_cli, write_recipe
+from seed_store import FOLLOWUP, seeded
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +76,12 @@ def test_noop_rebuild_runs_nothing_and_skips_torch(built: dict, tmp_path: Path) 
     assert wall < 2.0, f"no-op rebuild took {wall:.2f}s"
 
 
-def test_changing_one_stage_reruns_only_that_stage(built: dict, tmp_path: Path) -> None:
-    assert built["res"].returncode == 0
+def test_changing_one_stage_reruns_only_that_stage(seed: Path, tmp_path: Path) -> None:
+    """From a store that holds the whole of a cpu-fp32 build (the session's seed holds FOLLOWUP's)."""
     recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "cpu-fp32",
-        "stages": {"hift": {"engine": {"options": {"optimization": "basic"}}}},
-    })
-    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]), "-q")
+        **FOLLOWUP, "stages": {"hift": {"engine": {"options": {"optimization": "basic"}}}},
+    }, base=False)
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp_path / "art")), "-q")
     assert res.returncode == 0, res.stderr[-2000:]
     ran_line = next(line for line in res.stdout.splitlines() if "; ran: " in line)
     ran = ran_line.split("; ran: ", 1)[1].split(", ")
@@ -108,7 +108,8 @@ def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, 
     assert built["res"].returncode == 0
     recipe = write_recipe(tmp_path / "cpu-int8.yaml", {
         "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "cpu-int8",
-        "calibration": {"set": str(REPO / "calib_data" / "calib"), "max_items": 4}}, base=False)
+        "calibration": {"set": str(REPO / "calib_data" / "calib"), "max_items": 2},
+        "validation": {"speed": {"runs": 1, "throughput": []}}}, base=False)
     res = run_cli("build", str(recipe), "--artifacts", str(built["art"]))
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     ran = next(ln for ln in res.stdout.splitlines() if ln.startswith("built cpu-int8")).split("ran: ", 1)[1]
@@ -139,23 +140,23 @@ def test_cached_speed_without_warmup_counts_the_eval_synthesis(built: dict, tmp_
     assert "from_eval_synthesis" not in speed["first_chunk"] and speed["first_chunk"]["built_s"] > 0
 
 
-def test_fewer_cfm_steps_rebuild_only_the_flow_and_are_scored_against_the_10_step_mel(built: dict,
+def test_fewer_cfm_steps_rebuild_only_the_flow_and_are_scored_against_the_10_step_mel(seed: Path,
                                                                                      tmp_path: Path) -> None:
     """``stages.flow.runtime.n_timesteps`` reaches the bundle's runtime, and the flow check compares
     the 5-step engine with the model's own 10-step FP32 mel (so its SNR falls from ~130 dB)."""
-    assert built["res"].returncode == 0
+    art = seeded(seed, tmp_path / "art")
+    ten_steps = write_recipe(tmp_path / "ten.yaml", FOLLOWUP, base=False)
+    assert "ran: nothing (all cached)" in run_cli("build", str(ten_steps), "--artifacts", str(art), "-q").stdout
     recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "fewer-cfm-steps",
-        "stages": {"flow": {"runtime": {"n_timesteps": 5}}},
-    })
-    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]), "-q")
+        **FOLLOWUP, "name": "fewer-cfm-steps", "stages": {"flow": {"runtime": {"n_timesteps": 5}}},
+    }, base=False)
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0, res.stderr[-2000:] + res.stdout[-2000:]
     ran = next(ln for ln in res.stdout.splitlines() if "; ran: " in ln).split("; ran: ", 1)[1].split(", ")
     assert ran == ["flow.export", "flow.simplify", "flow.engine", "flow.check", "pipeline.check"]
-    (bundle,) = list((built["art"] / "builds").glob("fewer-cfm-steps-*"))
+    (bundle,) = list((art / "builds").glob("fewer-cfm-steps-*"))
     assert json.loads((bundle / "engines" / "flow" / "graphs.json").read_text())["info"]["n_timesteps"] == 5
-    # Every cpu-fp32 bundle of this module (another test adds one) runs the model's 10 steps.
-    first = sorted((built["art"] / "builds").glob("cpu-fp32-*"))[0]
+    (first,) = (art / "builds").glob("followup-*")
     ten = json.loads((first / "report.json").read_text())["checks"]["flow"]["metrics"]
     five = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
     assert ten["cfm_steps"] == 10 and five["cfm_steps"] == 5
