@@ -14,7 +14,8 @@ from typing import Callable
 
 import pytest
 
-from cosycompile.cli import build_parser, one_line
+from cosycompile.cli import build_parser
+from cosycompile.errors import one_line
 from helpers import EVAL_SET
 from hostile_harness import CachedBuild, refused
 
