@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers import write_recipe
+from helpers import run_cli, write_recipe
 from seed_store import FOLLOWUP, seeded
 
 MAX_SECONDS = 20.0  # generous for a loaded 2-core machine; the alias bomb used to run > 20 s at 820 MB
@@ -45,8 +45,7 @@ def cached_build(root: Path, seed: Path) -> CachedBuild:
     """The cheapest full build (``seed_store.FOLLOWUP``) in ``root``, from a copy of the session's seed."""
     recipe = write_recipe(root / "followup.yaml", FOLLOWUP, base=False)
     built = CachedBuild(recipe, seeded(seed, root / "art"))
-    res = subprocess.run([sys.executable, "-m", "cosycompile", "build", str(recipe), "--artifacts", str(built.art), "-q"],
-                         capture_output=True, text=True, timeout=1800)
+    res = run_cli("build", str(recipe), "--artifacts", str(built.art), "-q", timeout=1800)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return built
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from helpers import EVAL_SET, REPO, write_recipe
+from helpers import EVAL_SET, REPO, run_cli, write_recipe
 
 # The cheapest full build: the tiny model's cpu-fp32, one eval item, one timing run.
 FOLLOWUP: dict[str, Any] = {
@@ -55,8 +53,7 @@ def seed_store(shared: Path) -> Path:
         shutil.rmtree(root, ignore_errors=True)  # a worker that died building it
         for name, body in SEED_RECIPES.items():
             recipe = write_recipe(root / f"{name}.yaml", body, base=False)
-            res = subprocess.run([sys.executable, "-m", "cosycompile", "build", str(recipe), "--artifacts", str(art),
-                                  "-q"], capture_output=True, text=True, timeout=1800)
+            res = run_cli("build", str(recipe), "--artifacts", str(art), "-q", timeout=1800)
             assert res.returncode == 0, f"seed build {name}: " + res.stdout[-2000:] + res.stderr[-3000:]
         (root / "READY").write_text("")
     return art

@@ -21,7 +21,7 @@ from ray_cluster import RAY, RayNode, cmdline, descendants, private_network, wai
 
 sys.path.insert(0, str(REPO / "tests" / "cache"))
 from s3_servers import SeaweedServer, client_env  # noqa: E402
-from seed_store import seeded  # noqa: E402
+from seed_store import SMALL_INT8, seeded  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(not RAY.exists(), reason="Ray is not installed (pip install 'cosycompile[ray]')"),
@@ -30,7 +30,7 @@ pytestmark = [
 ]
 
 # seed_store.SMALL_INT8's calibration and validation: the local side of a comparison comes from the seed.
-SMALL = {"calibration": {"max_items": 2}, "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}}}
+SMALL = {k: SMALL_INT8[k] for k in ("calibration", "validation")}
 ENGINES = {"llm.engine", "flow.engine", "hift.engine"}
 
 
