@@ -21,12 +21,12 @@ class HiFTConfig:
     nsf_voiced_threshold: float = 10.0
     upsample_rates: tuple[int, ...] = (8, 5, 3)
     upsample_kernel_sizes: tuple[int, ...] = (16, 11, 7)
-    istft_n_fft: int = 16
-    istft_hop_len: int = 4
+    istft_n_fft: int = 16  # yaml: istft_params.n_fft
+    istft_hop_len: int = 4  # yaml: istft_params.hop_len
     resblock_kernel_sizes: tuple[int, ...] = (3, 7, 11)
     resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
     source_resblock_kernel_sizes: tuple[int, ...] = (7, 7, 11)
     source_resblock_dilation_sizes: tuple[tuple[int, ...], ...] = ((1, 3, 5), (1, 3, 5), (1, 3, 5))
     lrelu_slope: float = 0.1
     audio_limit: float = 0.99
-    f0_cond_channels: int = 512
+    f0_cond_channels: int = 512  # yaml: f0_predictor.cond_channels

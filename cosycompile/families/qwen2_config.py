@@ -23,9 +23,9 @@ class Qwen2LMConfig:
     """The Qwen2 body (CosyVoice-BlankEN/config.json) and the decoding settings CosyVoice adds."""
 
     hidden_size: int = 896
-    num_layers: int = 24
-    num_heads: int = 14
-    num_kv_heads: int = 2
+    num_layers: int = 24  # config.json: num_hidden_layers
+    num_heads: int = 14  # config.json: num_attention_heads
+    num_kv_heads: int = 2  # config.json: num_key_value_heads
     intermediate_size: int = 4864
     vocab_size: int = 151936
     rope_theta: float = 1_000_000.0

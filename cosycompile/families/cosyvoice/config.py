@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cosycompile.families.flow_config import FlowConfig as BaseFlowConfig
 from cosycompile.families.hift_config import HiFTConfig as BaseHiFTConfig
 
 
@@ -76,13 +77,13 @@ class EstimatorConfig:
 
 
 @dataclass(frozen=True)
-class FlowConfig:
-    """MaskedDiffWithXvec: token embedding, Conformer encoder, interpolating length regulator, CFM."""
+class FlowConfig(BaseFlowConfig):
+    """MaskedDiffWithXvec: token embedding, Conformer encoder, interpolating length regulator, CFM.
 
-    input_size: int = 512
-    output_size: int = 80
-    spk_embed_dim: int = 192
-    vocab_size: int = 4096
+    Its CFM (upstream's ``ConditionalCFM``) draws the start noise with ``torch.randn_like`` on every call;
+    the runtime reads the shared fixed draw instead (``noise_frames`` from ``noise_seed``), so that a
+    reference and a build start alike."""
+
     input_frame_rate: int = 50
     encoder: EncoderConfig = field(default_factory=lambda: EncoderConfig(
         input_size=512, output_size=512, attention_heads=8, linear_units=2048, num_blocks=6))
@@ -93,13 +94,6 @@ class FlowConfig:
     mel_sample_rate: int = 22050
     mel_hop: int = 256
     regulator_edge_tokens: int = 20
-    # ConditionalCFM (cfm_params; 10 Euler steps fixed by flow.inference).
-    inference_cfg_rate: float = 0.7
-    n_timesteps: int = 10
-    # Upstream draws the start noise with ``torch.randn_like`` on every call; the runtime reads a fixed
-    # draw of this many frames from ``noise_seed`` so a reference and a build start alike.
-    noise_frames: int = 50 * 300
-    noise_seed: int = 0
     estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
 
     def mel_frames(self, tokens: int) -> int:

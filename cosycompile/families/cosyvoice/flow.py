@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cosycompile.families.flow_head import FlowHead
+
 from .config import FlowConfig
 from .encoder import ConformerEncoder
 from .flow_decoder import ConditionalDecoder
@@ -101,26 +103,21 @@ class ConditionalCFM(nn.Module):
         return x.float()
 
 
-class MaskedDiffWithXvec(nn.Module):
+class MaskedDiffWithXvec(FlowHead):
     """Upstream's ``MaskedDiffWithXvec`` (the flow of CosyVoice-300M) at inference."""
 
+    cfg: FlowConfig
+
     def __init__(self, cfg: FlowConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
-        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        super().__init__(cfg)
         self.encoder = ConformerEncoder(cfg.encoder)
         self.encoder_proj = nn.Linear(cfg.encoder.output_size, cfg.output_size)
         self.decoder = ConditionalCFM(cfg)
         self.length_regulator = InterpolateRegulator(cfg)
 
-    def speaker(self, embedding: torch.Tensor) -> torch.Tensor:
-        """x-vector [1, spk_embed_dim] -> spks [1, 80] (L2-normalised, then projected)."""
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-
     def encode(self, token: torch.Tensor) -> torch.Tensor:
         """Speech tokens [1, N] -> h [1, 80, N] at token rate (negative ids read as 0, as upstream)."""
-        h = self.encoder(self.input_embedding(torch.clamp(token, min=0)))
+        h = self.encoder(self.embed(token))
         return self.encoder_proj(h).transpose(1, 2)
 
     def mel_lengths(self, n_new_tokens: int, prompt_feat: torch.Tensor) -> tuple[int, int]:

@@ -9,39 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cosycompile.families.flow_config import CausalFlowConfig
 from cosycompile.families.hift_config import HiFTConfig
 from cosycompile.families.qwen2_config import Qwen2LMConfig as LLMConfig
 
 
 @dataclass(frozen=True)
-class FlowConfig:
+class FlowConfig(CausalFlowConfig):
     """CausalMaskedDiffWithXvec: token embedding, upsampling conformer encoder, CFM with a 1-D UNet."""
 
-    input_size: int = 512
-    output_size: int = 80
-    spk_embed_dim: int = 192
     vocab_size: int = 6561
-    pre_lookahead_len: int = 3
     # encoder
-    encoder_size: int = 512
+    encoder_size: int = 512  # yaml: encoder.output_size
     attention_heads: int = 8
     linear_units: int = 2048
     num_blocks: int = 6
     num_up_blocks: int = 4
     up_stride: int = 2
     encoder_chunk_size: int = 25  # streaming chunk, in tokens (the yaml's encoder.static_chunk_size)
-    # CFM
-    inference_cfg_rate: float = 0.7
-    n_timesteps: int = 10
-    noise_frames: int = 15000
     # estimator
-    estimator_in_channels: int = 320
+    estimator_in_channels: int = 320  # yaml: decoder.estimator.in_channels
     channels: tuple[int, ...] = (256,)
     attention_head_dim: int = 64
     n_blocks: int = 4
     num_mid_blocks: int = 12
     num_heads: int = 8
-    static_chunk_size: int = 50
+    static_chunk_size: int = 50  # in mel frames: the yaml's chunk_size * token_mel_ratio
 
 
 @dataclass(frozen=True)

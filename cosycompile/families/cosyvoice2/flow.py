@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from cosycompile.families.flow_head import FlowHead
 
 from .config import FlowConfig
 from .flow_decoder import CausalConditionalDecoder
@@ -27,8 +28,9 @@ class CausalConditionalCFM(nn.Module):
         self.estimator = CausalConditionalDecoder(cfg.estimator_in_channels, cfg.output_size, cfg.channels,
                                                   cfg.attention_head_dim, cfg.n_blocks, cfg.num_mid_blocks,
                                                   cfg.num_heads, cfg.static_chunk_size)
-        # Upstream draws this once with seed 0 and never saves it; every run starts from the same noise.
-        gen = torch.Generator().manual_seed(0)
+        # Upstream draws this once with seed 0 (noise_seed) and never saves it; every run starts from the
+        # same noise.
+        gen = torch.Generator().manual_seed(cfg.noise_seed)
         self.rand_noise = torch.randn(1, cfg.output_size, cfg.noise_frames, generator=gen)
 
     @torch.inference_mode()
@@ -52,12 +54,13 @@ class CausalConditionalCFM(nn.Module):
         return x
 
 
-class CausalMaskedDiffWithXvec(nn.Module):
+class CausalMaskedDiffWithXvec(FlowHead):
+    """Upstream's ``CausalMaskedDiffWithXvec`` (the flow of CosyVoice2) at inference."""
+
+    cfg: FlowConfig
+
     def __init__(self, cfg: FlowConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
-        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        super().__init__(cfg)
         self.encoder = UpsampleConformerEncoder(cfg.input_size, cfg.encoder_size, cfg.attention_heads,
                                                 cfg.linear_units, cfg.num_blocks, cfg.num_up_blocks,
                                                 cfg.pre_lookahead_len, cfg.up_stride, cfg.encoder_chunk_size)
@@ -66,8 +69,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
 
     def encode(self, token: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu [1, 80, 2N], spks [1, 80]) for all tokens (prompt + new), finalized (no look-ahead context)."""
-        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-        h = self.encoder(self.input_embedding(torch.clamp(token, min=0)))
+        spks = self.speaker(embedding)
+        h = self.encoder(self.embed(token))
         return self.encoder_proj(h).transpose(1, 2), spks
 
     @torch.inference_mode()
@@ -79,8 +82,8 @@ class CausalMaskedDiffWithXvec(nn.Module):
         it conditions the first T_prompt frames. Unless ``finalize``, the last
         ``pre_lookahead_len`` tokens only serve as look-ahead and produce no frames yet.
         """
-        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
-        x = self.input_embedding(torch.clamp(torch.cat([prompt_token, token], dim=1), min=0))
+        spks = self.speaker(embedding)
+        x = self.embed(torch.cat([prompt_token, token], dim=1))
         if finalize:
             h = self.encoder(x, streaming=streaming)
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from cosycompile.families.flow_config import CausalFlowConfig
 from cosycompile.families.hift_config import HiFTConfig as BaseHiFTConfig
 from cosycompile.families.qwen2_config import Qwen2LMConfig
 
@@ -49,24 +50,16 @@ class DiTConfig:
 
 
 @dataclass(frozen=True)
-class FlowConfig:
+class FlowConfig(CausalFlowConfig):
     """CausalMaskedDiffWithDiT: token embedding, pre-look-ahead convs, x2 repeat, CFM over a DiT."""
 
     input_size: int = 80
-    output_size: int = 80
-    spk_embed_dim: int = 192
     vocab_size: int = 6561
     token_mel_ratio: int = 2
-    pre_lookahead_len: int = 3
     pre_lookahead_channels: int = 1024
-    # CausalConditionalCFM (cfm_params in the yaml; 10 steps fixed by flow.inference).
+    # CausalConditionalCFM (cfm_params in the yaml).
     sigma_min: float = 1e-6
     t_scheduler: str = "cosine"
-    inference_cfg_rate: float = 0.7
-    n_timesteps: int = 10
-    # CausalConditionalCFM draws [1, 80, 50 * 300] with seed 0 once, at construction.
-    noise_frames: int = 50 * 300
-    noise_seed: int = 0
     estimator: DiTConfig = field(default_factory=DiTConfig)
 
 
@@ -76,7 +69,7 @@ class HiFTConfig(BaseHiFTConfig):
     the causal ones."""
 
     conv_pre_look_right: int = 4
-    f0_num_class: int = 1
+    f0_num_class: int = 1  # yaml: f0_predictor.num_class
     # Upstream runs the F0 predictor in float64 ("precision is crucial for causal inference").
     f0_float64: bool = True
     # The causal source reads fixed noise drawn at construction (300 s at 24 kHz upstream); here it is

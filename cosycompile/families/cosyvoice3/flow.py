@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cosycompile.families.flow_head import FlowHead
+
 from .config import FlowConfig
 from .dit import DiT
 
@@ -105,17 +107,16 @@ class CausalConditionalCFM(nn.Module):
         return self.solve_euler(z, self.t_span(n_timesteps, mu.device, mu.dtype), mu, mask, spks, cond, streaming)
 
 
-class CausalMaskedDiffWithDiT(nn.Module):
+class CausalMaskedDiffWithDiT(FlowHead):
     """The flow network of CosyVoice3 (only what inference runs)."""
 
+    cfg: FlowConfig
+
     def __init__(self, cfg: FlowConfig) -> None:
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         self.output_size = cfg.output_size
         self.token_mel_ratio = cfg.token_mel_ratio
         self.pre_lookahead_len = cfg.pre_lookahead_len
-        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
-        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
         self.pre_lookahead_layer = PreLookaheadLayer(cfg.input_size, cfg.pre_lookahead_channels, cfg.pre_lookahead_len)
         self.decoder = CausalConditionalCFM(cfg)
 
@@ -125,7 +126,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
         Unless ``finalize``, the last ``pre_lookahead_len`` tokens are only look-ahead context
         (N' = N - L); they make frames in a later call.
         """
-        h = self.input_embedding(torch.clamp(token, min=0))
+        h = self.embed(token)
         if finalize:
             h = self.pre_lookahead_layer(h)
         else:
@@ -146,7 +147,7 @@ class CausalMaskedDiffWithDiT(nn.Module):
         """
         if token.shape[0] != 1:
             raise ValueError("flow inference runs batch 1, as upstream's")
-        spks = self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        spks = self.speaker(embedding)
         h = self.encode(torch.cat([prompt_token, token], dim=1), finalize=finalize)
         mel_len1 = prompt_feat.shape[1]
         mel_len2 = h.shape[1] - mel_len1
@@ -168,5 +169,5 @@ class FlowEncoderStep(nn.Module):
         self.flow = flow
 
     def forward(self, token: torch.Tensor, embedding: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        spks = self.flow.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        spks = self.flow.speaker(embedding)
         return self.flow.encode(token).transpose(1, 2).contiguous(), spks
