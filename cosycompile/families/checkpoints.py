@@ -14,7 +14,7 @@ import shutil
 import tempfile
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -156,9 +156,12 @@ class FamilyLoader:
     family: str  # registry name
     read_config: Callable[[Path], Any]  # model dir -> config, read safely
     builders: Mapping[str, Callable[[Any], nn.Module]]  # stage -> network of a config (random weights)
-    normalize: Mapping[str, Normalize]  # stage -> key spellings of older checkpoints mapped to the network's
     builtin_config: Callable[[str], Any]  # built-in name -> its config
     init_model: Callable[[str, Path], Path]  # writes ``builtin:<name>`` as a model dir
+    # stage -> key spellings of older checkpoints mapped to the network's. Every family's hift.pt is
+    # upstream's HiFT checkpoint: upstream strips ``generator.`` from its keys before loading it (a GAN
+    # checkpoint's prefix), and older ones spell weight norm ``weight_g``/``weight_v``.
+    normalize: Mapping[str, Normalize] = field(default_factory=lambda: {"hift": normalize_hift_keys})
 
     def check_checkpoint(self, model_dir: Path, stage: str) -> None:
         """Cheap pre-flight check of ``<stage>.pt``: readable, keys and shapes those of the network (built
@@ -241,6 +244,28 @@ def write_seeded_checkpoints(out: Path, build: Callable[[str], nn.Module], seed:
             prepare(stage, net)
         torch.save(net.state_dict(), out / f"{stage}.pt")
         del net
+
+
+@contextmanager
+def builtin_dir(out_dir: Path, config_file: str, yaml_text: str, build: Callable[[str], nn.Module], seed: int,
+                prepare: Callable[[str, nn.Module], None]) -> Iterator[Path]:
+    """A built-in model dir staged by :func:`staged_dir`, holding its yaml and its seeded checkpoints
+    (:func:`write_seeded_checkpoints`); the block adds the family's other files before it ends."""
+    with staged_dir(Path(out_dir)) as tmp:
+        (tmp / config_file).write_text(yaml_text)
+        write_seeded_checkpoints(tmp, build, seed, prepare)
+        yield tmp
+
+
+def prepare_builtin(stage: str, net: nn.Module) -> None:
+    """What every family's built-in does to its fresh flow and HiFT (a family's own ``prepare`` adds its
+    LM's and anything more): the flow gets :func:`init_weights`; the HiFT keeps PyTorch's default init,
+    as a fresh upstream HiFT has (its normal(0, 0.01) init never reaches the weight-normed convs), with
+    its F0 predictor centred on a speaking pitch so that the NSF source is not silent."""
+    if stage == "flow":
+        init_weights(net)
+    if stage == "hift":
+        voice_f0_predictor(net)
 
 
 def write_qwen_config(qdir: Path, config: dict[str, Any]) -> None:

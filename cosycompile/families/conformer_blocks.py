@@ -1,13 +1,38 @@
 """What upstream's Conformer/Transformer encoders (``cosyvoice/transformer/``, wenet's layout) share
-across the families that run them: the weights of the relative-position attention and the
-position-wise feed-forward. Each family's encoder keeps its own attention arithmetic (CosyVoice2's
-flow encoder shifts the scores over offsets; CosyVoice-300M's projects each query through
-``linear_pos`` and attends after a key/value cache)."""
+across the families that run them: espnet's relative positional encoding, the weights of the
+relative-position attention, the position-wise feed-forward and the modules of a pre-norm layer.
+Each family's encoder keeps its own attention arithmetic (CosyVoice2's flow encoder shifts the
+scores over offsets; CosyVoice-300M's projects each query through ``linear_pos`` and attends after
+a key/value cache) and picks the offsets it embeds."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+
+class RelPositionalEncoding(nn.Module):
+    """espnet's relative positional encoding (upstream's ``EspnetRelPositionalEncoding``): the sqrt(d)
+    input scale and sinusoidal embeddings of relative offsets, interleaved sin, cos.
+
+    Upstream slices a precomputed table of 2 * 5000 - 1 rows (not a buffer, so never in a checkpoint);
+    the families compute the rows a call needs instead: the same values, no length limit, and an
+    exported graph without a large constant.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.xscale = math.sqrt(d_model)
+        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
+        self.register_buffer("div_term", div, persistent=False)
+
+    def embed_offsets(self, pos: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """[1, len(pos), d] in ``like``'s dtype: the embeddings of the offsets ``pos`` (float32)."""
+        ang = pos[:, None] * self.div_term[None, :]
+        return torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(1, -1, self.d_model).to(like.dtype)
 
 
 class RelPositionAttentionWeights(nn.Module):
@@ -52,3 +77,28 @@ class PositionwiseFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[..., idim] -> [..., idim]."""
         return self.w_2(self.activation(self.w_1(x)))
+
+
+class PreNormEncoderLayer(nn.Module):
+    """The modules of upstream's ``ConformerEncoderLayer`` as CosyVoice configures it (pre-norm, no
+    macaron, no convolution module): ``self_attn`` (the family's ``attention_class``), a swish
+    ``feed_forward``, then the two LayerNorms, made in upstream's order (so the seeded weights and the
+    state dict's order are upstream's). A family's subclass brings the forward its attention needs."""
+
+    attention_class: type[RelPositionAttentionWeights]
+    activation_class: type[nn.Module] = nn.SiLU
+
+    def __init__(self, size: int, heads: int, units: int) -> None:
+        super().__init__()
+        self.self_attn = self.attention_class(heads, size)
+        self.feed_forward = PositionwiseFeedForward(size, units, self.activation_class())
+        self.add_norms(size)
+
+    def add_norms(self, size: int) -> None:
+        """The Conformer's LayerNorms: ``norm_ff`` (before the feed-forward), then ``norm_mha``."""
+        self.norm_ff = nn.LayerNorm(size, eps=1e-12)
+        self.norm_mha = nn.LayerNorm(size, eps=1e-12)
+
+    def norms(self) -> tuple[nn.LayerNorm, nn.LayerNorm]:
+        """(the norm before the attention, the norm before the feed-forward)."""
+        return self.norm_mha, self.norm_ff

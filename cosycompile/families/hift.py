@@ -191,6 +191,18 @@ class SourceModuleHnNSF(nn.Module):
         return self.l_tanh(self.l_linear(self.l_sin_gen(f0, rand_ini, noise)))
 
 
+def add_source(gen: nn.Module, cfg: HiFTConfig, source: type[SourceModuleHnNSF] = SourceModuleHnNSF) -> None:
+    """Give ``gen`` the sizes its layers are made from (``n_fft``, ``hop``, ``upsample_scale``: waveform
+    samples per mel frame, ``num_kernels``, ``num_upsamples``) and its neural source: ``m_source`` (a
+    ``source``) and ``f0_upsamp``, which brings F0 from the frame rate to the sample rate."""
+    gen.n_fft, gen.hop = cfg.istft_n_fft, cfg.istft_hop_len
+    gen.upsample_scale = int(np.prod(cfg.upsample_rates)) * gen.hop
+    gen.num_kernels = len(cfg.resblock_kernel_sizes)
+    gen.num_upsamples = len(cfg.upsample_rates)
+    gen.m_source = source(cfg, gen.upsample_scale)
+    gen.f0_upsamp = nn.Upsample(scale_factor=gen.upsample_scale)
+
+
 @dataclass(frozen=True)
 class DecoderConvs:
     """How a generation builds its decoder's convolutions (plain here, causal in CosyVoice3); the
@@ -206,7 +218,7 @@ class DecoderConvs:
 def add_decoder_layers(gen: nn.Module, cfg: HiFTConfig, convs: DecoderConvs) -> None:
     """Give ``gen`` the iSTFTNet decoder's layers (read by :func:`upsample_with_source`): the input
     conv, the upsampling convs, the source's downsampling convs and resblocks, the resblocks and the
-    output conv. ``gen`` must already hold ``n_fft`` and ``num_upsamples``."""
+    output conv. ``gen`` must already hold ``n_fft`` and ``num_upsamples`` (:func:`add_source`)."""
     base = cfg.base_channels
     gen.conv_pre = weight_norm(convs.conv_pre(cfg.in_channels, base))
     gen.ups = nn.ModuleList(
@@ -260,12 +272,7 @@ class HiFTGenerator(nn.Module):
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.n_fft, self.hop = cfg.istft_n_fft, cfg.istft_hop_len
-        self.upsample_scale = int(np.prod(cfg.upsample_rates)) * self.hop
-        self.num_kernels = len(cfg.resblock_kernel_sizes)
-        self.num_upsamples = len(cfg.upsample_rates)
-        self.m_source = SourceModuleHnNSF(cfg, self.upsample_scale)
-        self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
+        add_source(self, cfg)
         add_decoder_layers(self, cfg, DecoderConvs(
             conv_pre=lambda cin, cout: nn.Conv1d(cin, cout, 7, 1, padding=3),
             up=lambda cin, cout, k, u: nn.ConvTranspose1d(cin, cout, k, u, padding=(k - u) // 2),

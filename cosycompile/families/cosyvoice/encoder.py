@@ -21,27 +21,19 @@ import math
 import torch
 from torch import nn
 
-from cosycompile.families.conformer_blocks import PositionwiseFeedForward, RelPositionAttentionWeights
+from cosycompile.families.conformer_blocks import PreNormEncoderLayer, RelPositionAttentionWeights
+from cosycompile.families.conformer_blocks import RelPositionalEncoding as SharedRelPositionalEncoding
 
 from .config import EncoderConfig
 
 
-class RelPositionalEncoding(nn.Module):
-    """Input scaling by sqrt(d) and sinusoidal embeddings of relative offsets (espnet's layout:
-    interleaved sin, cos; row order from the largest offset down)."""
-
-    def __init__(self, d_model: int) -> None:
-        super().__init__()
-        self.d_model = d_model
-        self.xscale = math.sqrt(d_model)
-        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-        self.register_buffer("div_term", div, persistent=False)
+class RelPositionalEncoding(SharedRelPositionalEncoding):
+    """The shared espnet encoding over any run of offsets, row order from the largest offset down
+    (queries after a cache of any length)."""
 
     def offsets(self, first: int | torch.Tensor, last: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """[1, first-last+1, d]: embeddings of offsets first, first-1, ..., last."""
-        pos = torch.arange(first, last - 1, -1, device=like.device).to(torch.float32)
-        ang = pos[:, None] * self.div_term[None, :]
-        return torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(1, -1, self.d_model).to(like.dtype)
+        return self.embed_offsets(torch.arange(first, last - 1, -1, device=like.device).to(torch.float32), like)
 
 
 class InputLayer(nn.Module):
@@ -91,18 +83,10 @@ class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
         return self.attend((ac + bd) / math.sqrt(self.d_k), v, mask), (k, v)
 
 
-class ConformerEncoderLayer(nn.Module):
-    """Pre-norm self-attention and swish feed-forward (no macaron, no convolution module)."""
+class ConformerEncoderLayer(PreNormEncoderLayer):
+    """Pre-norm self-attention and swish feed-forward (no macaron, no convolution module) after a cache."""
 
-    def __init__(self, size: int, heads: int, units: int) -> None:
-        super().__init__()
-        self.self_attn = RelPositionMultiHeadedAttention(heads, size)
-        self.feed_forward = PositionwiseFeedForward(size, units, nn.SiLU())
-        self.norm_ff = nn.LayerNorm(size, eps=1e-12)
-        self.norm_mha = nn.LayerNorm(size, eps=1e-12)
-
-    def norms(self) -> tuple[nn.LayerNorm, nn.LayerNorm]:
-        return self.norm_mha, self.norm_ff
+    attention_class = RelPositionMultiHeadedAttention
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
                 past: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -116,14 +100,15 @@ class ConformerEncoderLayer(nn.Module):
 class TransformerEncoderLayer(ConformerEncoderLayer):
     """The same pre-norm layer with a ReLU feed-forward and upstream's ``norm1``/``norm2`` names."""
 
-    def __init__(self, size: int, heads: int, units: int) -> None:
-        nn.Module.__init__(self)
-        self.self_attn = RelPositionMultiHeadedAttention(heads, size)
-        self.feed_forward = PositionwiseFeedForward(size, units, nn.ReLU())
+    activation_class = nn.ReLU
+
+    def add_norms(self, size: int) -> None:
+        """Upstream's TransformerEncoderLayer: ``norm1`` (before the attention), then ``norm2``."""
         self.norm1 = nn.LayerNorm(size, eps=1e-12)
         self.norm2 = nn.LayerNorm(size, eps=1e-12)
 
     def norms(self) -> tuple[nn.LayerNorm, nn.LayerNorm]:
+        """(``norm1``, ``norm2``)."""
         return self.norm1, self.norm2
 
 

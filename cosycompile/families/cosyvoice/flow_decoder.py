@@ -49,27 +49,17 @@ class ResnetBlock1D(nn.Module):
         return self.block2(h, mask) + self.res_conv(x * mask)
 
 
-class Downsample1D(nn.Module):
-    """Stride-2 conv (k3, pad 1): T -> ceil(T / 2); key ``conv``."""
+class Resample1D(nn.Module):
+    """One convolution that changes the frame rate, under upstream's key ``conv``: Matcha-TTS's
+    ``Downsample1D`` (a stride-2 conv, k3, pad 1: T -> ceil(T / 2)) and ``Upsample1D`` (a transposed
+    conv, k4, stride 2, pad 1: T -> 2T)."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, conv: nn.Conv1d | nn.ConvTranspose1d) -> None:
         super().__init__()
-        self.conv = nn.Conv1d(dim, dim, 3, 2, 1)
+        self.conv = conv
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, dim, T] -> [B, dim, ceil(T / 2)]."""
-        return self.conv(x)
-
-
-class Upsample1D(nn.Module):
-    """Transposed conv (k4, stride 2, pad 1): T -> 2T; key ``conv``."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.conv = nn.ConvTranspose1d(dim, dim, 4, 2, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, dim, T] -> [B, dim, 2T]."""
+        """[B, dim, T] -> [B, dim, T'] (T' as the conv makes it)."""
         return self.conv(x)
 
 
@@ -108,7 +98,7 @@ class ConditionalDecoder(nn.Module):
             last = i == len(channels) - 1
             self.down_blocks.append(nn.ModuleList([
                 ResnetBlock1D(in_ch, out_ch, temb), transformers(out_ch),
-                nn.Conv1d(out_ch, out_ch, 3, padding=1) if last else Downsample1D(out_ch)]))
+                nn.Conv1d(out_ch, out_ch, 3, padding=1) if last else Resample1D(nn.Conv1d(out_ch, out_ch, 3, 2, 1))]))
         self.mid_blocks = nn.ModuleList(
             nn.ModuleList([ResnetBlock1D(channels[-1], channels[-1], temb), transformers(channels[-1])])
             for _ in range(cfg.num_mid_blocks))
@@ -117,10 +107,10 @@ class ConditionalDecoder(nn.Module):
         up = channels[::-1] + (channels[0],)
         self.up_blocks = nn.ModuleList()
         for i in range(len(up) - 1):
-            last = i == len(up) - 2
+            last, ch = i == len(up) - 2, up[i + 1]
             self.up_blocks.append(nn.ModuleList([
-                ResnetBlock1D(up[i] * 2, up[i + 1], temb), transformers(up[i + 1]),
-                nn.Conv1d(up[i + 1], up[i + 1], 3, padding=1) if last else Upsample1D(up[i + 1])]))
+                ResnetBlock1D(up[i] * 2, ch, temb), transformers(ch),
+                nn.Conv1d(ch, ch, 3, padding=1) if last else Resample1D(nn.ConvTranspose1d(ch, ch, 4, 2, 1))]))
         self.final_block = Block1D(up[-1], up[-1])
         self.final_proj = nn.Conv1d(up[-1], cfg.out_channels, 1)
 

@@ -14,8 +14,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
-                                              voice_f0_predictor, write_frontend_standins, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_dir, builtin_name, init_weights, prepare_builtin,
+                                              write_frontend_standins)
 from .hift import HiFTGenerator
 from cosycompile.families.model_dir import BUILTIN_MARKER
 
@@ -43,6 +43,7 @@ BUILDERS: dict[str, Callable[[CosyVoiceConfig], nn.Module]] = {
 
 def _prepare(stage: str, net: nn.Module) -> None:
     """Random weights that keep every stage's output finite and non-degenerate."""
+    prepare_builtin(stage, net)
     if stage == "llm":
         init_weights(net)
         # The head's last row is eos: a random one would stop a random LM on its first token, and a
@@ -52,7 +53,6 @@ def _prepare(stage: str, net: nn.Module) -> None:
             net.llm_decoder.weight[-1] = 0.0
             net.llm_decoder.bias[-1] = 0.0
     if stage == "flow":
-        init_weights(net)
         # The UNet's blocks and the length regulator normalize with GroupNorm, which the shared init
         # leaves at zero scale (it knows LayerNorm): zero would silence every block, the estimator's
         # velocity would be 0 and a check would compare noise with noise.
@@ -60,19 +60,13 @@ def _prepare(stage: str, net: nn.Module) -> None:
             for m in net.modules():
                 if isinstance(m, nn.GroupNorm):
                     m.weight.fill_(1.0)
-    if stage == "hift":
-        # PyTorch's default init, as a fresh upstream HiFT has; the F0 predictor is centred on a speaking
-        # pitch so that the NSF source is not silent.
-        voice_f0_predictor(net)
 
 
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in CosyVoice-300M's layout (atomically)."""
     name = builtin_name(spec, PRESETS)
     cfg = PRESETS[name]
-    with staged_dir(Path(out_dir)) as tmp:
-        (tmp / CONFIG_FILE).write_text(yaml_text(cfg))
-        write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, _prepare)
+    with builtin_dir(out_dir, CONFIG_FILE, yaml_text(cfg), lambda stage: BUILDERS[stage](cfg), seed, _prepare) as tmp:
         write_frontend_standins(tmp, seed, SPEECH_TOKENIZER, speech_tokens=cfg.lm.speech_token_size)
         write_builtin_speakers(tmp, BUILTIN_SPEAKERS, seed, cfg.lm.spk_embed_dim)
         # No Qwen2 config holds this family's text vocabulary: the front end's stand-in tokenizer reads it here.
@@ -81,9 +75,7 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     return Path(out_dir)
 
 
-# Upstream strips ``generator.`` from hift.pt's keys before loading it (a GAN checkpoint's prefix).
-LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, PRESETS.__getitem__,
-                      init_model)
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, PRESETS.__getitem__, init_model)
 load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
 
 __all__ = ["BUILDERS", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",

@@ -14,29 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosycompile.families.conformer_blocks import PositionwiseFeedForward, RelPositionAttentionWeights
+from cosycompile.families.conformer_blocks import PreNormEncoderLayer, RelPositionalEncoding, RelPositionAttentionWeights
 
 
-class EspnetRelPositionalEncoding(nn.Module):
-    """Scales inputs by sqrt(d) and returns relative position embeddings for offsets T-1 .. -(T-1).
-
-    Upstream slices a precomputed 2*5000-1 row table (not a buffer, so not in the checkpoint);
-    computing the rows for the actual length gives the same values, keeps the exported graph free
-    of a 20 MB constant, and has no length limit.
-    """
-
-    def __init__(self, d_model: int) -> None:
-        super().__init__()
-        self.d_model = d_model
-        self.xscale = math.sqrt(d_model)
-        div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-        self.register_buffer("div_term", div, persistent=False)
+class EspnetRelPositionalEncoding(RelPositionalEncoding):
+    """Scales inputs by sqrt(d) and returns relative position embeddings for offsets T-1 .. -(T-1)
+    (the shared espnet encoding; no 20 MB table in the exported graph)."""
 
     def position_encoding(self, size: int | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """[1, 2*size-1, d]: row k encodes relative position size-1-k (keys left of the query first)."""
-        pos = torch.arange(size - 1, -size, -1, device=like.device).to(torch.float32)
-        ang = pos[:, None] * self.div_term[None, :]
-        return torch.stack([ang.sin(), ang.cos()], dim=-1).reshape(1, -1, self.d_model).to(like.dtype)
+        return self.embed_offsets(torch.arange(size - 1, -size, -1, device=like.device).to(torch.float32), like)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x * self.xscale, self.position_encoding(x.size(1), x)
@@ -97,15 +84,10 @@ class RelPositionMultiHeadedAttention(RelPositionAttentionWeights):
         return self.attend((ac + bd) / math.sqrt(self.d_k), v, mask)
 
 
-class ConformerEncoderLayer(nn.Module):
+class ConformerEncoderLayer(PreNormEncoderLayer):
     """Pre-norm layer with self-attention and feed-forward only (no macaron, no conv module)."""
 
-    def __init__(self, size: int, heads: int, units: int) -> None:
-        super().__init__()
-        self.self_attn = RelPositionMultiHeadedAttention(heads, size)
-        self.feed_forward = PositionwiseFeedForward(size, units, nn.SiLU())
-        self.norm_ff = nn.LayerNorm(size, eps=1e-12)
-        self.norm_mha = nn.LayerNorm(size, eps=1e-12)
+    attention_class = RelPositionMultiHeadedAttention
 
     def forward(self, x: torch.Tensor, pos_emb: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.self_attn(self.norm_mha(x), pos_emb, mask)

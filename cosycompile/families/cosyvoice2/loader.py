@@ -13,9 +13,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
-                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
-                                              write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_dir, builtin_name, prepare_builtin, write_builtin_marker,
+                                              write_frontend_standins, write_qwen_config)
 from cosycompile.families.hift import HiFTGenerator
 from cosycompile.families.qwen2_layout import QWEN_DIR
 
@@ -116,23 +115,16 @@ def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     preset, hift_edit = VARIANTS.get(name, (name, None))
     cfg = PRESETS[preset]
     out_dir = Path(out_dir)
-    with staged_dir(out_dir) as tmp:
-        (tmp / CONFIG_FILE).write_text(_yaml_text(cfg))
+
+    def prepare(stage: str, net: nn.Module) -> None:
+        prepare_builtin(stage, net)
+        if stage == "hift" and hift_edit is not None:
+            hift_edit(net)
+
+    with builtin_dir(out_dir, CONFIG_FILE, _yaml_text(cfg), lambda stage: BUILDERS[stage](cfg), seed, prepare) as tmp:
         from .qwen2lm import qwen2_config
 
         write_qwen_config(tmp / QWEN_DIR, qwen2_config(cfg.llm).to_dict())
-
-        def prepare(stage: str, net: nn.Module) -> None:
-            if stage == "flow":
-                init_weights(net)
-            if stage == "hift":
-                # PyTorch's default init, as a fresh upstream HiFT has (its normal(0, 0.01) init never
-                # reaches the weight-normed convs): small weights would silence the source path.
-                voice_f0_predictor(net)
-                if hift_edit is not None:
-                    hift_edit(net)
-
-        write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, prepare)
         write_frontend_standins(tmp, seed)
         write_builtin_marker(tmp, name, seed)
     return out_dir
@@ -143,8 +135,7 @@ def builtin_config(name: str) -> ModelConfig:
     return PRESETS[VARIANTS.get(name, (name,))[0]]
 
 
-# Older checkpoints spell some HiFT keys otherwise; they are mapped to the network's before matching.
-LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, builtin_config, init_model)
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, builtin_config, init_model)
 load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
 
 

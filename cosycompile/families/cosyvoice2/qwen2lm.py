@@ -6,38 +6,22 @@ State-dict keys match CosyVoice2-0.5B's ``llm.pt``: ``llm.model.model.*`` (the Q
 
 from __future__ import annotations
 
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from cosycompile.families.qwen2_body import Qwen2Encoder
+from cosycompile.families.qwen2_body import qwen2_config as shared_qwen2_config
+
 from .config import LLMConfig
 from cosycompile.runtime.sampling import SAMPLING_MODES, Sampling, sampling_ids
 
 
-def qwen2_config(cfg: LLMConfig):  # -> transformers.Qwen2Config
-    """The transformers config of the Qwen2 body (no download; architectures set for ModelOpt export)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        hidden_act="silu", max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, use_sliding_window=False,
-        attention_dropout=0.0, architectures=["Qwen2ForCausalLM"], torch_dtype="float32",
-    )
-
-
-class Qwen2Encoder(nn.Module):
-    """Holds the HF model under ``.model`` so keys read ``llm.model.model.layers...``."""
-
-    def __init__(self, cfg: LLMConfig) -> None:
-        super().__init__()
-        from transformers import Qwen2ForCausalLM
-
-        hf_cfg = qwen2_config(cfg)
-        hf_cfg._attn_implementation = "eager"
-        self.model = Qwen2ForCausalLM(hf_cfg)
+def qwen2_config(cfg: LLMConfig) -> Any:
+    """The shared ``transformers.Qwen2Config`` of the body; CosyVoice2's also names float32 as its dtype."""
+    return shared_qwen2_config(cfg, torch_dtype="float32")
 
 
 class Qwen2LM(nn.Module):
@@ -48,7 +32,7 @@ class Qwen2LM(nn.Module):
         self.cfg = cfg
         self.speech_token_size = speech_token_size
         self.llm_embedding = nn.Embedding(2, cfg.hidden_size)  # row 0: sos, row 1: task_id
-        self.llm = Qwen2Encoder(cfg)
+        self.llm = Qwen2Encoder(qwen2_config(cfg))
         self.llm_decoder = nn.Linear(cfg.hidden_size, speech_token_size + 3)
         self.speech_embedding = nn.Embedding(speech_token_size + 3, cfg.hidden_size)
 

@@ -146,31 +146,40 @@ class Attention(nn.Module):
         return out.masked_fill(~mask[:, 0, -1].unsqueeze(-1), 0.0)
 
 
-class AdaLayerNormZero(nn.Module):
-    """LayerNorm modulated by the time vector; also returns the gates and the MLP's modulation."""
+class AdaLayerNorm(nn.Module):
+    """What upstream's two adaptive LayerNorms share: a LayerNorm without affine weights, and ``linear``
+    over the SiLU of the time vector, which makes ``parts`` modulation vectors."""
+
+    parts: int
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.silu = nn.SiLU()
-        self.linear = nn.Linear(dim, dim * 6)
+        self.linear = nn.Linear(dim, dim * self.parts)
         self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
 
+    def modulation(self, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The ``parts`` modulation vectors [B, dim] of the time vector ``emb`` [B, dim]."""
+        return self.linear(self.silu(emb)).chunk(self.parts, dim=1)
+
+
+class AdaLayerNormZero(AdaLayerNorm):
+    """LayerNorm modulated by the time vector; also returns the gates and the MLP's modulation."""
+
+    parts = 6
+
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.linear(self.silu(emb)).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.modulation(emb)
         return self.norm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None], gate_msa, shift_mlp, scale_mlp, gate_mlp
 
 
-class AdaLayerNormZeroFinal(nn.Module):
+class AdaLayerNormZeroFinal(AdaLayerNorm):
     """The output LayerNorm, modulated by the time vector (scale first, then shift, as trained)."""
 
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.silu = nn.SiLU()
-        self.linear = nn.Linear(dim, dim * 2)
-        self.norm = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+    parts = 2
 
     def forward(self, x: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        scale, shift = self.linear(self.silu(emb)).chunk(2, dim=1)
+        scale, shift = self.modulation(emb)
         return self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :]
 
 

@@ -23,7 +23,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils.parametrizations import weight_norm
 
-from cosycompile.families.hift import DecoderConvs, add_decoder_layers, add_stft_basis, upsample_with_source
+from cosycompile.families.hift import DecoderConvs, add_decoder_layers, add_source, add_stft_basis, upsample_with_source
 from cosycompile.families.hift import SourceModuleHnNSF as SharedSourceModuleHnNSF
 
 from .config import HiFTConfig
@@ -204,15 +204,10 @@ class CausalHiFTGenerator(nn.Module):
     def __init__(self, cfg: HiFTConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.n_fft, self.hop = cfg.istft_n_fft, cfg.istft_hop_len
+        add_source(self, cfg, SourceModuleHnNSF)
         self.upsample_rates = tuple(cfg.upsample_rates)
-        self.upsample_scale = int(np.prod(cfg.upsample_rates)) * self.hop
-        self.num_kernels = len(cfg.resblock_kernel_sizes)
-        self.num_upsamples = len(cfg.upsample_rates)
         self.lrelu_slope, self.audio_limit = cfg.lrelu_slope, cfg.audio_limit
         self.conv_pre_look_right = cfg.conv_pre_look_right
-        self.m_source = SourceModuleHnNSF(cfg, self.upsample_scale)
-        self.f0_upsamp = nn.Upsample(scale_factor=self.upsample_scale)
         add_decoder_layers(self, cfg, DecoderConvs(
             conv_pre=lambda cin, cout: CausalConv1d(cin, cout, cfg.conv_pre_look_right + 1, causal_type="right"),
             up=CausalConv1dUpsample,

@@ -15,56 +15,17 @@ State-dict keys as ``llm.pt``: ``llm.model.model.*`` (the Qwen2 body), ``llm.mod
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 from torch import nn
 
+from cosycompile.families.qwen2_body import Qwen2Encoder, qwen2_config
+
 from .config import LMConfig
 
 # Qwen's ``<|endofprompt|>``: upstream asserts it is in the text (or prompt text) of every request.
 ENDOFPROMPT_ID = 151646
-
-
-def qwen2_config(cfg: LMConfig) -> Any:
-    """The ``transformers.Qwen2Config`` of the body (built locally: nothing is downloaded)."""
-    from transformers import Qwen2Config
-
-    return Qwen2Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-        hidden_act="silu", max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, use_sliding_window=False,
-        attention_dropout=0.0, architectures=["Qwen2ForCausalLM"],
-    )
-
-
-class Qwen2Encoder(nn.Module):
-    """Holds the HF model under ``.model`` so that keys read ``llm.model.model.layers...``."""
-
-    def __init__(self, cfg: LMConfig) -> None:
-        super().__init__()
-        from transformers import Qwen2ForCausalLM
-
-        hf_cfg = qwen2_config(cfg)
-        # Eager attention: the same arithmetic on every backend and in every export path.
-        hf_cfg._attn_implementation = "eager"
-        self.model = Qwen2ForCausalLM(hf_cfg)
-
-    def forward_one_step(self, inputs_embeds: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, Any]:
-        """Last hidden states [B, S, H] of new positions attending to the whole cache, and the new cache.
-
-        No attention mask is passed: with batch 1 and no padding, causal attention over past and
-        new positions is what upstream means. (Upstream passes a mask as long as the *new* positions
-        only; transformers 4.51 ignored it, transformers >= 5 honours it and then sees a wrong length.)
-        """
-        body = self.model.model
-        # transformers renamed ``past_key_values`` to ``cache`` during 5.x; pass whichever this one takes.
-        name = "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
-        out = body(inputs_embeds=inputs_embeds, use_cache=True, **{name: cache})
-        new_cache = getattr(out, "cache", None)
-        return out.last_hidden_state, new_cache if new_cache is not None else out.past_key_values
 
 
 class CosyVoice3LM(nn.Module):
@@ -79,7 +40,7 @@ class CosyVoice3LM(nn.Module):
         self.stop_token_ids = list(range(S, S + cfg.extra_speech_rows))
         # The row upstream's ``sampling_ids(ignore_eos=True)`` sets to -inf before min_len.
         self.ignore_eos_id = S
-        self.llm = Qwen2Encoder(cfg)
+        self.llm = Qwen2Encoder(qwen2_config(cfg))
         self.llm_decoder = nn.Linear(cfg.hidden_size, S + cfg.extra_speech_rows, bias=False)
         self.speech_embedding = nn.Embedding(S + cfg.extra_speech_rows, cfg.hidden_size)
 

@@ -12,9 +12,8 @@ from typing import Callable
 
 from torch import nn
 
-from cosycompile.families.checkpoints import (FamilyLoader, builtin_name, init_weights, normalize_hift_keys, staged_dir,
-                                              voice_f0_predictor, write_builtin_marker, write_frontend_standins,
-                                              write_qwen_config, write_seeded_checkpoints)
+from cosycompile.families.checkpoints import (FamilyLoader, builtin_dir, builtin_name, prepare_builtin, write_builtin_marker,
+                                              write_frontend_standins, write_qwen_config)
 from cosycompile.families.qwen2_layout import QWEN_DIR
 
 from . import CONFIG_FILE, SPEECH_TOKENIZER
@@ -78,6 +77,7 @@ def _yaml_text(cfg: CosyVoice3Config) -> str:
 
 def _prepare(stage: str, net: nn.Module) -> None:
     """Random weights that keep every stage's output finite and non-degenerate."""
+    prepare_builtin(stage, net)
     if stage == "llm":
         # 200 of the head's rows stop decoding (all of them past the speech tokens): random rows would
         # stop a random LM on its first token, and a check of zero tokens measures nothing. At logit 0
@@ -86,32 +86,22 @@ def _prepare(stage: str, net: nn.Module) -> None:
 
         with torch.no_grad():
             net.llm_decoder.weight[net.speech_token_size:] = 0.0
-    if stage == "flow":
-        init_weights(net)
-    if stage == "hift":
-        # PyTorch's default init, as a fresh upstream HiFT has; the F0 predictor is centred on a speaking
-        # pitch so that the NSF source is not silent.
-        voice_f0_predictor(net)
 
 
 def init_model(spec: str, out_dir: Path, seed: int = 0) -> Path:
     """Write ``builtin:<name>`` as a model dir in Fun-CosyVoice3-0.5B's layout (atomically)."""
     name = builtin_name(spec, PRESETS)
     cfg = PRESETS[name]
-    with staged_dir(Path(out_dir)) as tmp:
-        (tmp / CONFIG_FILE).write_text(_yaml_text(cfg))
+    with builtin_dir(out_dir, CONFIG_FILE, _yaml_text(cfg), lambda stage: BUILDERS[stage](cfg), seed, _prepare) as tmp:
         from .lm import qwen2_config
 
         write_qwen_config(tmp / QWEN_DIR, qwen2_config(cfg.lm).to_dict())
-        write_seeded_checkpoints(tmp, lambda stage: BUILDERS[stage](cfg), seed, _prepare)
         write_frontend_standins(tmp, seed, SPEECH_TOKENIZER, speech_tokens=cfg.lm.speech_token_size)
         write_builtin_marker(tmp, name, seed)
     return Path(out_dir)
 
 
-# Upstream strips ``generator.`` from hift.pt's keys before loading it (a GAN checkpoint's prefix).
-LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, {"hift": normalize_hift_keys}, PRESETS.__getitem__,
-                      init_model)
+LOADER = FamilyLoader(FAMILY, read_model_config, BUILDERS, PRESETS.__getitem__, init_model)
 load_models, check_checkpoint, meta_network = LOADER.load_models, LOADER.check_checkpoint, LOADER.meta_network
 
 __all__ = ["BUILDERS", "MODEL_FILES", "PRESETS", "check_checkpoint", "init_model", "load_models",
