@@ -14,9 +14,10 @@ never a local folder of that name.
 
 Every network call has a deadline: each request has connect and read timeouts and few retries
 (botocore's config), and each remote operation (one lookup, the pull of one entry, the push of one
-entry) has a wall-clock budget, :data:`BUDGET_S` plus the time its bytes take at
-:data:`MIN_RATE`, enforced by cancelling the call. A server that accepts connections and never
-answers therefore costs one budget, and the executor drops the remote after its first failure.
+entry) has a wall-clock budget, :data:`BUDGET_S` (or ``$COSYCOMPILE_REMOTE_BUDGET_S``) plus the
+time its bytes take at :data:`MIN_RATE`, enforced by cancelling the call. A server that accepts
+connections and never answers therefore costs one budget, and the executor drops the remote after
+its first failure.
 
 Write order keeps the remote consistent without locks: a push uploads every blob first and the
 action entry last, with a conditional create (``If-None-Match: *``) so the first writer of a key
@@ -57,7 +58,10 @@ READ_TIMEOUT_S = 15
 MAX_ATTEMPTS = 2
 # Per operation (wall clock): BUDGET_S for the requests themselves, plus the bytes it moves at
 # MIN_RATE, so a big blob on a slow link still gets through while a silent server costs BUDGET_S.
+# $BUDGET_ENV sets another budget: shorter for a remote on the same network, longer for a far one.
 BUDGET_S = 30.0
+BUDGET_ENV = "COSYCOMPILE_REMOTE_BUDGET_S"
+BUDGET_RANGE = (1.0, 3600.0)
 MIN_RATE = 1 << 20  # bytes per second
 SCHEMES = ("s3", "s3a", "gs", "gcs", "file")  # what parse_url accepts before "://"
 _BUCKET = {"s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
@@ -99,6 +103,23 @@ def remote_from(url: str | None) -> "RemoteCache | None":
     where = f"${ENV_VAR}" if url is None else "--cache-remote"
     value = os.environ.get(ENV_VAR, "") if url is None else url
     return RemoteCache(value, where=where) if value.strip() else None
+
+
+def budget_from_env() -> float:
+    """Seconds one remote operation may take before its bytes: ``$COSYCOMPILE_REMOTE_BUDGET_S``, else
+    :data:`BUDGET_S`. A value that is not a number of seconds in :data:`BUDGET_RANGE` is a UserError."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if not text:
+        return BUDGET_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    low, high = BUDGET_RANGE
+    if not low <= value <= high:  # also false for nan
+        raise UserError(f"${BUDGET_ENV}={text[:40]!r}: give the seconds one remote operation may take, "
+                        f"{low:.0f} to {high:.0f} (default {BUDGET_S:.0f})")
+    return value
 
 
 def parse_url(value: str, where: str = "remote cache URL") -> str:
@@ -163,10 +184,10 @@ class RemoteCache:
     """A shared cache tier over an fsspec filesystem (see the module docstring for the layout)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, where: str = "remote cache URL",
-                 budget_s: float = BUDGET_S) -> None:
+                 budget_s: float | None = None) -> None:
         self.url = parse_url(url, where)
         self.storage_options = dict(storage_options or {})
-        self.budget_s = float(budget_s)
+        self.budget_s = budget_from_env() if budget_s is None else float(budget_s)
         self._fs: Any = None
         self._root = ""
         self._deadline: float | None = None  # monotonic end of the operation under way, if any

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cosycompile.cache.remote import BUDGET_ENV, BUDGET_S
+
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """--artifacts and --quiet."""
@@ -19,7 +21,9 @@ def add_remote(p: argparse.ArgumentParser) -> None:
                    help="shared remote cache, e.g. s3://bucket/prefix or file:///shared/cache (default: "
                         "$COSYCOMPILE_CACHE_REMOTE; '' for none). Missing steps are pulled and verified, built "
                         "steps pushed; S3 credentials and endpoint come from the AWS environment "
-                        "(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...)")
+                        "(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...). A remote that does not answer costs one "
+                        "operation's budget, then the build goes on locally "
+                        f"(${BUDGET_ENV}, default {BUDGET_S:.0f} s)")
 
 
 def add_spin_wait(p: argparse.ArgumentParser) -> None:
