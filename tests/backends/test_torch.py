@@ -118,49 +118,37 @@ def test_second_build_is_all_cached(torch_build: tuple[Path, Path, Path]) -> Non
     assert res.returncode == 0 and "ran: nothing (all cached)" in res.stdout, res.stdout + res.stderr
 
 
-def test_bf16_flow_is_cast_and_still_close(torch_build: tuple[Path, Path, Path]) -> None:
-    """torch_autocast turns the flow programs into BF16 ones: the estimator's error grows from FP32
-    rounding to BF16's, and the mel after the 10-step CFM stays close to the reference."""
+def test_int8_llm_and_bf16_flow_compile_and_hold_quality(torch_build: tuple[Path, Path, Path]) -> None:
+    """recipes/cpu-torch-int8 with the flow cast to BF16 (cpu-amx's flow) on the tiny model: torch_dynamic's
+    INT8 LLM program and torch_autocast's BF16 flow programs compile to packages that pass the stage checks
+    against the PyTorch FP32 reference, timed against the FP32 packages. One build holds both quantizers'
+    compiles (the flow's INT8 program is checked in tests/quantize/test_torch_dynamic.py; its package is
+    built by bench/torch_backend.py)."""
     art, recipe, bundle = torch_build
-    bf16 = write_recipe(recipe.parent / "bf16.yaml", {
-        "extends": str(recipe), "name": "torch-bf16",
+    mixed = write_recipe(recipe.parent / "int8-bf16.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-int8-bf16",
         "stages": {"flow": {"quantize": {"format": "bf16"}}},
-    }, base=False)
-    res = run_cli("build", str(bf16), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    out = until_outputs(res.stdout)
-    metrics = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
-    fp32 = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
-    assert metrics["estimator_max_abs_error"] > 100 * fp32["estimator_max_abs_error"]
-    assert metrics["cfm_mel_snr_db_min"] > 20
-    assert "speedup_vs_fp32" in metrics  # against the FP32 package of the same backend
-    # Only the flow stage was cast; the LLM and HiFT came from the cache of the FP32 build.
-    assert "llm.engine" not in res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
-
-
-def test_int8_llm_and_flow_compile_and_hold_quality(torch_build: tuple[Path, Path, Path]) -> None:
-    """recipes/cpu-torch-int8 on the tiny model: torch_dynamic's INT8 programs compile to packages that
-    pass the stage checks against the PyTorch FP32 reference, timed against the FP32 packages."""
-    art, recipe, _ = torch_build
-    int8 = write_recipe(recipe.parent / "int8.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-int8",
         "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120},
                        "speed": {"runs": 1, "throughput": []}},
     }, base=False)
-    res = run_cli("build", str(int8), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
+    res = run_cli("build", str(mixed), "--artifacts", str(art), "--until", "check", "-q", timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ran = res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
     assert "llm.quantize" in ran and "flow.quantize" in ran and "calibrate" not in ran
-    assert "engine.fp32" not in ran  # the FP32 packages to time against came from the FP32 build's cache
+    # The FP32 packages to time against, and the HiFT, came from the FP32 build's cache.
+    assert "engine.fp32" not in ran and "hift." not in ran
     out = until_outputs(res.stdout)
     llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
     flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
     assert llm["logit_cosine"] >= 0.99 and 0 < llm["max_abs_logit_error"], llm
-    assert flow["cfm_mel_snr_db_min"] >= 30 and flow["estimator_max_abs_error"] > 1e-5, flow
+    # BF16: the estimator's error grows from FP32 rounding to BF16's; the mel after the 10-step CFM stays close.
+    fp32 = json.loads((bundle / "report.json").read_text())["checks"]["flow"]["metrics"]
+    assert flow["estimator_max_abs_error"] > 100 * fp32["estimator_max_abs_error"], (flow, fp32)
+    assert flow["cfm_mel_snr_db_min"] > 20, flow
     assert llm["speedup_vs_fp32"] > 0 and flow["speedup_vs_fp32"] > 0
-    passport_dirs = [p for p in (art / "cache" / "objects").rglob("engine.json")
-                     if json.loads(p.read_text()).get("precision") == "int8"]
-    assert len(passport_dirs) == 2 and all(json.loads(p.read_text())["backend"] == "torch" for p in passport_dirs)
+    precisions = sorted(json.loads(p.read_text()).get("precision") for p in (art / "cache" / "objects").rglob("engine.json")
+                        if json.loads(p.read_text()).get("precision") in ("int8", "bf16"))
+    assert precisions == ["bf16", "int8"]
 
 
 @pytest.mark.parametrize(("stage", "quantize", "backend", "says"), [
