@@ -112,12 +112,20 @@ def flow_engine(recipe: Path, model: str, artifacts: Path) -> Path:
     return build_steps(body, f"bench-flow-profile-{recipe.stem}", ["flow.engine"], artifacts)["flow.engine"]
 
 
+def native_bf16(torch: Any) -> bool:
+    """Whether oneDNN runs BF16 matmuls natively on this CPU (AVX-512 BF16 or AMX), not emulated."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else False
+
+
 def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
     """``cosycompile.validate.machine_state.probe`` (copy throughput of a 256 MiB buffer, the small
     op on one thread and on ``threads``, ``threads_lose``) plus a fixed FP32 matmul on one thread
     and on ``threads``, each the best of three (a core's speed, and whether the threads get cores of
-    their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller), and the same matmul in
-    BF16 on one thread (the AVX-512 BF16 path, whose speed moved between runs while FP32 held)."""
+    their own; ``a``: a 1024 x 1024 FP32 tensor, made once by the caller), and, on a CPU with native
+    BF16 (:func:`native_bf16`), the same matmul in BF16 on one thread (the AVX-512 BF16 path, whose
+    speed moved between runs while FP32 held). Without it BF16 is emulated, some 40 times slower than
+    FP32: a probe of that would take tens of seconds and say nothing about the machine's state."""
     from cosycompile.validate.machine_state import best_of, probe
 
     def best_of_3(n: int, x: Any = a) -> float:
@@ -126,8 +134,9 @@ def machine_probes(torch: Any, threads: int, a: Any) -> dict[str, float]:
 
     was = torch.get_num_threads()
     try:
-        out = {"matmul_1_thread_ms": 1000 * best_of_3(1), f"matmul_{threads}_threads_ms": 1000 * best_of_3(threads),
-               "matmul_bf16_1_thread_ms": 1000 * best_of_3(1, a.to(torch.bfloat16))}
+        out = {"matmul_1_thread_ms": 1000 * best_of_3(1), f"matmul_{threads}_threads_ms": 1000 * best_of_3(threads)}
+        if native_bf16(torch):
+            out["matmul_bf16_1_thread_ms"] = 1000 * best_of_3(1, a.to(torch.bfloat16))
     finally:
         torch.set_num_threads(was)
     return {**probe(threads, copy_mib=256), **out}
