@@ -34,6 +34,9 @@ class Metric:
     unit: str = ""
     kind: str = "quality"  # or "speed"
     description: str = ""
+    # The smallest change of a quality figure a baseline comparison counts: below it two builds differ
+    # by rounding (another CPU's kernels), not by quality.
+    resolution: float = 1e-4
 
 
 @dataclass(frozen=True)

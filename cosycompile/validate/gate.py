@@ -107,7 +107,8 @@ def check_baseline(report: dict[str, Any], baseline: dict[str, Any], max_quality
     new, old = metric_values(report), metric_values(baseline)
     findings = []
     for name in sorted(set(new) & set(old)):
-        higher, kind = registry()[name].metric.higher, registry()[name].metric.kind
+        metric = registry()[name].metric
+        higher, kind = metric.higher, metric.kind
         v, b = new[name], old[name]
         if math.isnan(v) or math.isnan(b):
             findings.append(Finding(name, v, b, ">=" if higher else "<=",
@@ -131,8 +132,8 @@ def check_baseline(report: dict[str, Any], baseline: dict[str, Any], max_quality
         else:
             scale = max(abs(b), 1e-12)
             drop = (b - v) / scale if higher else (v - b) / scale
-        # Errors that are tiny in absolute terms (1e-6 -> 2e-6) are not regressions worth failing on.
-        if drop > max_quality_drop and abs(v - b) > 1e-4:
+        # Changes below the metric's resolution (1e-6 -> 2e-6 of an error) are rounding, not regressions.
+        if drop > max_quality_drop and abs(v - b) > metric.resolution:
             limit = b * (1 - max_quality_drop) if higher else b * (1 + max_quality_drop)
             findings.append(Finding(name, v, limit, ">=" if higher else "<=",
                                     f"{100 * drop:.1f}% worse than baseline ({b:.4g} -> {v:.4g})"))

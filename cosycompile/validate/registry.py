@@ -26,7 +26,8 @@ PIPELINE_METRICS = (
     Metric("tokens_identical_ratio", "tokens_identical_ratio", True, "ratio", description="items with identical tokens"),
     Metric("mel_snr_db", "mel_snr_db_min", True, "dB", description="min mel SNR over items with identical tokens"),
     Metric("log_mel_l1", "log_mel_l1_mean", False, "", description="mean log-mel L1 distance"),
-    Metric("mcd_db", "mcd_db_mean", False, "dB", description="mel cepstral distortion (DTW)"),
+    # A hundredth of a dB of MCD is far below what anyone hears (differences under 1 dB are hard to).
+    Metric("mcd_db", "mcd_db_mean", False, "dB", description="mel cepstral distortion (DTW)", resolution=0.01),
     Metric("speaker_similarity", "speaker_similarity_mean", True, "cosine", description="resemblyzer embedding cosine"),
     Metric("pesq", "pesq_mean", True, "MOS", description="PESQ wide-band"),
     Metric("stoi", "stoi_mean", True, "", description="short-time objective intelligibility"),

@@ -192,3 +192,23 @@ def test_infinite_snr_compares_by_its_limit(tmp_path: Path) -> None:
     assert res.returncode == 1 and "100.0% worse than baseline" in res.stdout, res.stdout
     res = run_cli("gate", str(inf), "--baseline", str(DATA / "baseline.report.json"), "--max-slowdown", "1")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(("base", "new", "fails"), [
+    (0.001075, 0.001321, False),  # two FP32 builds on CPUs of other ISAs: rounding, 23 % "worse"
+    (0.10, 0.13, True),  # the same 30 % drop, now above the metric's resolution
+    (0.10, 0.104, False),  # above the resolution, within --max-quality-drop
+])
+def test_a_change_below_the_metrics_resolution_is_no_regression(base: float, new: float, fails: bool) -> None:
+    """Each metric declares the smallest change a baseline comparison counts (MCD: a hundredth of a dB);
+    a relative drop of a figure near its ideal is rounding below it."""
+    from cosycompile.validate.gate import check_baseline
+    from cosycompile.validate.registry import registry
+
+    assert registry()["pipeline.mcd_db"].metric.resolution == 0.01
+    body = json.loads((DATA / "baseline.report.json").read_text())
+    old, cur = json.loads(json.dumps(body)), json.loads(json.dumps(body))
+    old["checks"]["pipeline"]["metrics"]["mcd_db_mean"] = base
+    cur["checks"]["pipeline"]["metrics"]["mcd_db_mean"] = new
+    findings = check_baseline(cur, old, max_quality_drop=0.05, max_slowdown=1.0)
+    assert [f.metric for f in findings] == (["pipeline.mcd_db"] if fails else []), findings
