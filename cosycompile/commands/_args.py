@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cosycompile.cache.remote import BUDGET_ENV, BUDGET_S
-
 
 def add_common(p: argparse.ArgumentParser) -> None:
     """--artifacts and --quiet."""
@@ -22,8 +20,8 @@ def add_remote(p: argparse.ArgumentParser) -> None:
                         "$COSYCOMPILE_CACHE_REMOTE; '' for none). Missing steps are pulled and verified, built "
                         "steps pushed; S3 credentials and endpoint come from the AWS environment "
                         "(AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL_S3, ...). A remote that does not answer costs one "
-                        "operation's budget, then the build goes on locally "
-                        f"(${BUDGET_ENV}, default {BUDGET_S:.0f} s)")
+                        "operation's budget ($COSYCOMPILE_REMOTE_BUDGET_S sets it), then the "
+                        "build goes on locally")
 
 
 def add_spin_wait(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,9 @@ from hostile_harness import CachedBuild
 from seed_store import seeded
 
 
-def _native_bf16() -> bool:
+def _bf16_probe() -> tuple[str, ...]:
+    """The BF16 matmul probe's name where the CPU runs BF16 natively, the only place the probes take it
+    (bench/builtin_models.py); torch is imported when a test asks, not when pytest collects this file."""
     import torch
 
     sys.path.insert(0, str(REPO / "bench"))
@@ -23,11 +25,7 @@ def _native_bf16() -> bool:
         from builtin_models import native_bf16
     finally:
         sys.path.remove(str(REPO / "bench"))
-    return native_bf16(torch)
-
-
-# The BF16 matmul probe is taken only where the CPU runs BF16 natively (bench/builtin_models.py).
-_BF16_PROBE = ("matmul_bf16_1_thread_ms",) if _native_bf16() else ()
+    return ("matmul_bf16_1_thread_ms",) if native_bf16(torch) else ()
 
 
 def _bench(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -105,7 +103,7 @@ def test_first_chunk_takes_the_chunk_apart_on_both_sides(tmp_path: Path, seed: P
     probes = out["probes"]
     assert set(probes) == {"copy_gb_per_s", "matmul_1_thread_ms", "matmul_2_threads_ms", "small_op_1_thread_us",
                            "small_op_2_threads_us", "threads_lose", "built_flow_1_thread_ms", "threads_lose_around_sides",
-                           *_BF16_PROBE}
+                           *_bf16_probe()}
     assert all(len(v) == 3 and min(v) > 0 for k, v in probes.items() if not k.startswith("threads_lose"))
     assert len(probes["threads_lose_around_sides"]) == 2 * 3 + 1  # before each side, and after the last round
     # The state of a round is whether two threads lost to one on the small op; the rounds of the two
@@ -171,9 +169,9 @@ def test_llm_decode_rows_carry_their_probes(tmp_path: Path) -> None:
     assert abs(row["floor_ms_per_token"] * best_gb_per_s * 1e6 / row["bytes_per_token"] - 1) < 1e-9
     # The medians of the probes taken around the row's runs, the BF16 matmul among them.
     medians = row["probe_medians"]
-    assert {"copy_gb_per_s", "matmul_1_thread_ms", "threads_lose", *_BF16_PROBE} <= set(medians)
-    assert set(_BF16_PROBE) == {k for k in medians if "bf16" in k}
-    assert all(medians[k] > 0 for k in ("matmul_1_thread_ms", *_BF16_PROBE))
+    assert {"copy_gb_per_s", "matmul_1_thread_ms", "threads_lose", *_bf16_probe()} <= set(medians)
+    assert set(_bf16_probe()) == {k for k in medians if "bf16" in k}
+    assert all(medians[k] > 0 for k in ("matmul_1_thread_ms", *_bf16_probe()))
     assert sum(s["pairs"] for s in row["by_state"].values()) == 2
     assert "probes (median): copy_gb_per_s" in res.stdout
 
