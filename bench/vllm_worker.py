@@ -1,9 +1,9 @@
 """Run by bench/vllm_decode.py inside the vLLM venv (not collected by pytest): load an HF rewrite dir
 once with the real vLLM (CPU) and answer timed greedy decodes, one JSON request per stdin line.
 
-argv[1]: JSON with ``model`` (dir), ``architecture`` and ``memory_share`` (of RAM, for weights and KV
-cache). Each stdin line: ``ids``, ``max_tokens``, ``min_tokens``, ``stop``. Each answer, one stdout line: ``RESULT`` and JSON with
-``tokens`` (generated ids, stop excluded) and ``seconds`` (wall time of generate). ``READY`` once
+argv[1]: JSON with ``model`` (dir), ``architecture`` and ``kv_cache_bytes`` (the KV cache's size).
+Each stdin line: ``ids``, ``max_tokens``, ``min_tokens``, ``stop``. Each answer, one stdout line: ``RESULT``
+and JSON with ``tokens`` (generated ids, stop excluded) and ``seconds`` (wall time of generate). ``READY`` once
 the model is loaded."""
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    # On the CPU backend gpu_memory_utilization is the share of RAM for the weights and the KV cache.
     llm = LLM(model=cfg["model"], skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=1024,
-              gpu_memory_utilization=cfg["memory_share"], hf_overrides={"architectures": [cfg["architecture"]]},
+              kv_cache_memory_bytes=cfg["kv_cache_bytes"], hf_overrides={"architectures": [cfg["architecture"]]},
               seed=0)
     print("READY", flush=True)
     for line in sys.stdin:

@@ -20,9 +20,11 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     overrides = {"architectures": [req["architecture"]]} if req.get("architecture") else None
-    # On the CPU backend gpu_memory_utilization is the share of RAM reserved for the KV cache.
+    # An explicit KV cache size: on the CPU backend gpu_memory_utilization is a share of the NUMA node's
+    # RAM minus what the process already holds, which goes negative on a machine with a small node.
+    # 64 MiB holds far more than max_model_len tokens of any model these tests load.
     llm = LLM(model=req["model"], skip_tokenizer_init=True, dtype=req.get("dtype", "float32"), enforce_eager=True,
-              max_model_len=512, gpu_memory_utilization=0.05, hf_overrides=overrides, seed=0)
+              max_model_len=512, kv_cache_memory_bytes=64 * 2**20, hf_overrides=overrides, seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=req["max_tokens"], min_tokens=req["min_tokens"],
                             stop_token_ids=req["stop"], logprobs=20, detokenize=False)
     t0 = time.perf_counter()
