@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from cosycompile.errors import BackendUnavailable
 
@@ -31,23 +31,64 @@ def export_onnx(module: Any, args: tuple[Any, ...], path: Path, input_names: lis
         )
 
 
-def save_model(model: Any, path: Path) -> None:
-    """Save an ONNX ModelProto, switching to external data for very large graphs."""
+def save_model(model: Any, path: Path, initializers: Iterable[Any] = ()) -> None:
+    """Save an ONNX ModelProto (plus ``initializers`` kept outside it, appended to its graph), switching to
+    external data for very large graphs.
+
+    The file is written a piece at a time: the model without its initializers, then each initializer as a
+    ModelProto holding only that tensor in its graph. Protobuf merges repeated occurrences of an embedded
+    message field, so every reader (onnx, ONNX Runtime, TensorRT's parser) loads the same model. Serializing
+    a whole model at once in the upb runtime needs several times its size in transient buffers
+    (``ByteSize`` included), which made this the largest allocation of a 0.5B build.
+    """
     import onnx
 
-    if model.ByteSize() > _EXTERNAL_DATA_BYTES:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+    tensors = [*model.graph.initializer, *initializers]
+    head = onnx.ModelProto()
+    _copy_fields(model, head, skip="graph")
+    _copy_fields(model.graph, head.graph, skip="initializer")
+    if sum(_tensor_bytes(t) for t in tensors) > _EXTERNAL_DATA_BYTES:
+        head.graph.initializer.extend(tensors)
+        onnx.save_model(head, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data")
-    else:
-        onnx.save_model(model, str(path))
+        return
+    with open(path, "wb") as f:
+        f.write(head.SerializeToString())
+        for t in tensors:
+            f.write(onnx.ModelProto(graph=onnx.GraphProto(initializer=[t])).SerializeToString())
 
 
-def simplify(src: Path, dst: Path, method: str) -> dict[str, int]:
+def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+    """Copy every set field of protobuf message ``src`` but ``skip`` into ``dst`` (one level deep)."""
+    for fd, value in src.ListFields():
+        if fd.name == skip:
+            continue
+        if fd.is_repeated:
+            getattr(dst, fd.name).extend(value)
+        elif fd.message_type is not None:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _tensor_bytes(t: Any) -> int:
+    """A TensorProto's serialized size, without serializing a large one (raw data plus a margin)."""
+    return len(t.raw_data) + 1024 if t.raw_data else t.ByteSize()
+
+
+# While a graph is simplified its initializers at least this large stand aside as graph inputs (shape
+# and type only): the simplifier then never copies a weight matrix (its copies were most of a 0.5B
+# build's peak memory), and whatever it would have folded through one is folded by the engine build.
+_ASIDE_BYTES = 64 * 1024
+
+
+def simplify(src: Path, dst: Path, method: str, aside_bytes: int = _ASIDE_BYTES) -> dict[str, int]:
     """Simplify ``src`` into ``dst`` with onnxslim / onnxsim (or copy for 'none'); returns node counts."""
     import onnx
 
     model = onnx.load(str(src))
     before = len(model.graph.node)
+    aside = _set_aside(model, aside_bytes) if method != "none" else {}
     if method == "onnxslim":
         import onnxslim
 
@@ -62,8 +103,37 @@ def simplify(src: Path, dst: Path, method: str) -> dict[str, int]:
         if not ok:
             raise RuntimeError(f"onnxsim could not validate the simplified {src.name}")
     onnx.checker.check_model(model)
-    save_model(model, dst)
+    save_model(model, dst, _take_back(model, aside))
     return {"nodes_before": before, "nodes_after": len(model.graph.node)}
+
+
+def _set_aside(model: Any, min_bytes: int) -> dict[str, Any]:
+    """Move the initializers of at least ``min_bytes`` out of ``model`` and declare each as a graph input
+    of its type and shape; returns them by name. Detaching does not copy the tensors."""
+    from onnx import helper
+
+    graph = model.graph
+    big = [t for t in graph.initializer if len(t.raw_data) >= min_bytes]
+    if not big:
+        return {}
+    names = {t.name for t in big}
+    rest = [t for t in graph.initializer if t.name not in names]
+    del graph.initializer[:]
+    graph.initializer.extend(rest)
+    graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big)
+    return {t.name: t for t in big}
+
+
+def _take_back(model: Any, aside: dict[str, Any]) -> list[Any]:
+    """Drop the stand-in inputs of :func:`_set_aside` from ``model``; returns the tensors it still reads
+    (a simplifier may have removed the only reader of some)."""
+    inputs = model.graph.input
+    kept = [i for i in inputs if i.name not in aside]
+    used = [aside[i.name] for i in inputs if i.name in aside]
+    if len(kept) != len(inputs):
+        del inputs[:]
+        inputs.extend(kept)
+    return used
 
 
 def check_node_patterns(onnx_paths: list[Path], patterns: list[str], key: str) -> list[str]:

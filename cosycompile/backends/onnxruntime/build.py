@@ -42,6 +42,14 @@ def _session_options(threads: int, level: str, execution_mode: str = "sequential
     return so
 
 
+def _build_session_options(level: str) -> ort.SessionOptions:
+    """Options of a session that is built and never run: without weight prepacking, which changes nothing
+    in the optimized file but holds a second, repacked copy of every weight."""
+    so = _session_options(1, level)
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return so
+
+
 def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
     """Optimize each graph of ``src`` offline into ``out``; returns the passport's backend fields."""
     if target.kind != "cpu":
@@ -52,7 +60,7 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     rewrites = options.rewrites if level != "disable" else ()
     rewritten: dict[str, dict[str, int]] = {}
     for name, g in gd.graphs.items():
-        so = _session_options(1, level)
+        so = _build_session_options(level)
         so.optimized_model_filepath = str(out / g["file"])
         # Creating the session performs and saves the optimization.
         ort.InferenceSession(str(gd.graph_path(name)), so, providers=["CPUExecutionProvider"])
@@ -91,7 +99,7 @@ def _rewrite(path: Path, rewrites: tuple[str, ...]) -> dict[str, int]:
     if counts:
         save_model(model, path)
         # Fail the build, not the first server, if a rewrite left a graph ONNX Runtime rejects.
-        ort.InferenceSession(str(path), _session_options(1, "disable"), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(path), _build_session_options("disable"), providers=["CPUExecutionProvider"])
     return counts
 
 
