@@ -261,6 +261,8 @@ def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+    from cosycompile.onnx.tools import save_model
+
     model = onnx.load(str(src))
     producers = {o: n for n in model.graph.node for o in n.output}
     head = producers[LLM_STEP.output_names[0]]
@@ -269,7 +271,7 @@ def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None
     q = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=True,
                              nodes_to_exclude=[head.name])
     q.process()
-    onnx.save_model(q.model.model, str(dst))
+    save_model(q.model.model, dst)
 
 
 def _op_counts(path: Path) -> dict[str, int]:
