@@ -65,3 +65,16 @@ def test_lookup_of_a_malformed_entry_is_a_miss_and_removes_it(tmp_path: Path) ->
     entry_file.write_text(BROKEN["files a number"])
     assert Store(tmp_path / "art").lookup(KEY) is None
     assert not entry_file.parent.exists()
+
+
+def test_no_build_step_changes_an_entry_it_read(seed: Path, tmp_path: Path) -> None:
+    """Every entry of the seed store (cpu-fp32 and cpu-int8 of the tiny model, built from empty) still
+    matches every digest after the builds that read it. A step, or a library it calls, that writes into
+    its input shows here: ModelOpt's ONNX quantizer once wrote its shape inference over the cached
+    flow.simplify graph, and the next build found that entry corrupt and built it again."""
+    from helpers import run_cli
+    from seed_store import seeded
+
+    art = seeded(seed, tmp_path / "art")
+    res = run_cli("cache", "verify", "--full", "--artifacts", str(art))
+    assert res.returncode == 0 and ", 0 bad" in res.stdout, res.stdout + res.stderr

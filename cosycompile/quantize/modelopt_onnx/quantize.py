@@ -90,7 +90,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         try:
             tmp_out = work / dst.name
             mo_quantize(
-                str(src.graph_path(name)), quantize_mode=fmt, calibration_method=p["method"],
+                str(_private_copy(src.graph_path(name), work / "input")), quantize_mode=fmt, calibration_method=p["method"],
                 calibration_data_reader=_reader_class()(records), calibration_eps=["cpu"],
                 nodes_to_exclude=excludes or None, high_precision_dtype=p["high_precision_dtype"],
                 block_size=p["block_size"] if fmt == "int4" else None, output_path=str(tmp_out),
@@ -102,3 +102,17 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     info = {"requires": "ORT CPU: optimization disable (reference kernels); TensorRT: sm89+"} if fmt == "fp8" else {}
     return quantize_graphs(ctx, fmt, one, info)
+
+
+def _private_copy(graph: Path, into: Path) -> Path:
+    """A copy of ``graph`` (and its external data file, if any) in ``into``, for ModelOpt to read.
+
+    ModelOpt's loader runs onnx's ``infer_shapes_path`` without an output path, which writes the
+    shape-inferred model over its input file: given the input step's cached file (or a link to it), it
+    would change that cache entry in place. A copy, not a link, because the write goes to the same inode.
+    """
+    into.mkdir()
+    for f in (graph, graph.with_name(graph.name + ".data")):
+        if f.is_file():
+            shutil.copyfile(f, into / f.name)
+    return into / graph.name
