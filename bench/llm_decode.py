@@ -89,9 +89,10 @@ def program_bytes(graphs_dir: Path) -> int:
     import torch
 
     from cosycompile.runtime.graphs_dir import read_graphs_dir
+    from cosycompile.runtime.torch_programs import load_program
 
     gd = read_graphs_dir(graphs_dir)
-    program = torch.export.load(str(gd.graph_path("llm_step")))
+    program = load_program(gd.graph_path("llm_step"))
     tensors = {**program.state_dict, **program.constants}
     nodes = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     casts = (torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype)

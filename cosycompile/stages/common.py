@@ -11,6 +11,7 @@ import numpy as np
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.runtime.torch_programs import save_program
 
 
 def model_dir(ctx: StepContext) -> Path:
@@ -40,12 +41,11 @@ def export_programs(ctx: StepContext) -> dict[str, Any]:
     """The export for backends that compile torch programs (``BackendInfo.consumes == "program"``):
     every graph of the stage as a ``torch.export`` ExportedProgram (``<graph>.pt2``) whose dynamic
     dims are the graph spec's, next to the same assets and ``graphs.json`` as an ONNX export."""
-    import torch
 
     def write(spec: Any, module: Any, info: dict[str, Any]) -> tuple[str, dict[str, int]]:
         path = ctx.out / f"{spec.name}.pt2"
         program, mins = export_program(module, spec, info)
-        torch.export.save(program, str(path))
+        save_program(program, path)
         return path.name, mins
 
     return _export_graphs(ctx, ctx.params["stage"], write, fmt="torch.export")

@@ -17,6 +17,7 @@ from cosycompile.errors import BackendUnavailable, UserError
 from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.loading import read_passport
+from cosycompile.runtime.torch_programs import load_program, quiet
 
 # torch.backends.cpu.get_cpu_capability() values, weakest first: a package compiled for one runs
 # on CPUs with that capability or a later one in this list.
@@ -44,7 +45,7 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     eng = copy_assets(gd, out)
     configs = {"freezing": options.freezing, "max_autotune": options.max_autotune}
     for name, graph in gd.graphs.items():
-        program = torch.export.load(str(gd.graph_path(name)))
+        program = load_program(gd.graph_path(name))
         if device == "cuda":
             from torch.export.passes import move_to_device_pass
 
@@ -53,7 +54,8 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
             program = move_to_device_pass(program, f"cuda:{torch.cuda.current_device()}")
         package = out / f"{name}.pt2"
         check_space(program_bytes(program), out, work, name)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
+        with quiet():
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
         remove_build_dir(package, work)
         eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
     eng.info = dict(gd.info)

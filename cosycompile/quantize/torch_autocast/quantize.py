@@ -10,6 +10,7 @@ import torch
 from cosycompile.core.graph import StepContext
 from cosycompile.quantize.graphs import rewrite_graphs
 from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.runtime.torch_programs import load_program, save_program
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -24,10 +25,10 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         ctx.log(f"{name}: autocast {fmt}")
-        inner = torch.export.load(str(src.graph_path(name))).module()
+        inner = load_program(src.graph_path(name)).module()
         program, _ = export_program(Autocast(inner, dtype), get_stage(stage).graph(name), src.info)
         # Decomposing turns the autocast region into explicit casts, which do not depend on the device.
-        torch.export.save(program.run_decompositions({}), str(dst))
+        save_program(program.run_decompositions({}), dst)
         return {"dtype": str(dtype)}
 
     return rewrite_graphs(ctx, fmt, list(ctx.spec.graphs) if ctx.spec.graphs is not None else None, one)

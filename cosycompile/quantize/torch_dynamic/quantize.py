@@ -10,6 +10,7 @@ import torch
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
 
@@ -124,11 +125,11 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and ctx.params.get("target_kind") == "gpu" else 0
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
-        gm = torch.export.load(str(src.graph_path(name))).module()
+        gm = load_program(src.graph_path(name)).module()
         result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32))
         ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
         program, _ = export_program(Program(gm), get_stage(stage).graph(name), src.info)
-        torch.export.save(program, str(dst))
+        save_program(program, dst)
         return result
 
     # The LLM marks no graph quantizable: then its one program, the decode step.
