@@ -12,7 +12,7 @@ from cosycompile.core.files import link_or_copy
 from cosycompile.runtime.graphs_dir import GraphsDir, copy_assets, read_graphs_dir
 
 _OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
-        "MatMul", "Conv")
+        "MatMulNBits", "MatMul", "Conv")
 
 
 def rewrite_graphs(ctx: StepContext, fmt: str, chosen: list[str] | None,
@@ -63,9 +63,9 @@ def quantizable_graphs(stage: str) -> list[str]:
 
 def op_counts(path: Path) -> dict[str, int]:
     """Counts of the quantization-related ops of a graph, and its ONNX opset."""
-    import onnx
+    from cosycompile.onnx.tools import load_structure
 
-    model = onnx.load(str(path), load_external_data=False)
+    model = load_structure(path)
     ops = [n.op_type for n in model.graph.node]
     counts = {op: ops.count(op) for op in _OPS}
     counts["opset"] = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from cosycompile.onnx.tools import _ASIDE_BYTES, save_model, simplify
+from cosycompile.onnx.tools import _ASIDE_BYTES, load_structure, save_model, simplify
 
 D = 160  # a D x D FP32 weight is over the set-aside size; a D vector is under it
 
@@ -81,3 +81,61 @@ def test_a_weight_the_simplifier_left_unread_is_not_written(tmp_path: Path) -> N
     out = onnx.load(str(tmp_path / "out.onnx"))
     assert "w3" not in _initializers(out) and {"w1", "w2"} <= set(_initializers(out))
     onnx.checker.check_model(out)
+
+
+def _without_weights(model: onnx.ModelProto) -> bytes:
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    del bare.graph.initializer[:]
+    return bare.SerializeToString()
+
+
+def test_structure_is_the_model_without_its_initializers(tmp_path: Path) -> None:
+    """Whether the file was written whole (onnx.save) or a piece at a time (save_model)."""
+    model = _model(dead_branch=True)
+    whole, pieces = tmp_path / "whole.onnx", tmp_path / "pieces.onnx"
+    onnx.save(model, str(whole))
+    save_model(model, pieces)
+    for path in (whole, pieces):
+        got = load_structure(path)
+        assert not got.graph.initializer and [n.name for n in got.graph.node] == ["mm1", "mul", "add", "mm2", "mm3"]
+        assert got.SerializeToString() == _without_weights(onnx.load(str(path)))
+
+
+def test_structure_of_a_large_model_does_not_read_its_weights(tmp_path: Path) -> None:
+    """A model of 400 MB of weights: reading its structure in a fresh process grows the RSS by far less
+    than one copy of them (onnx.load grows it by more than one)."""
+    import subprocess
+    import sys
+
+    w = np.ones((10_000, 10_000), np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 10_000])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10_000])],
+                              [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "big.onnx"
+    save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its forking parent's (pytest's) peak.
+    probe = ("import sys, onnx\n"
+             "from cosycompile.onnx.tools import load_structure\n"
+             "hwm = lambda: int(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]) // 1024\n"
+             "before = hwm()\n"
+             "m = load_structure(sys.argv[2]) if sys.argv[1] == 'structure' else onnx.load(sys.argv[2])\n"
+             "assert [n.op_type for n in m.graph.node] == ['MatMul']\n"
+             "print(hwm() - before)\n")
+    grew = {how: int(subprocess.run([sys.executable, "-c", probe, how, str(path)], capture_output=True, text=True,
+                                    check=True).stdout) for how in ("structure", "load")}
+    assert grew["structure"] < 40 and grew["load"] > 380, grew
+
+
+def test_a_truncated_or_empty_file(tmp_path: Path) -> None:
+    import pytest
+
+    path = tmp_path / "m.onnx"
+    save_model(_model(), path)
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(path.read_bytes()[:-7])
+    with pytest.raises(ValueError, match="not an ONNX model"):
+        load_structure(cut)
+    (tmp_path / "empty.onnx").write_bytes(b"")
+    assert load_structure(tmp_path / "empty.onnx") == onnx.ModelProto()

@@ -32,6 +32,7 @@ from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.stages.llm import LLM_STEP
 from cosycompile.quantize.calibrate import load_records
+from cosycompile.quantize.graphs import op_counts
 
 _CONFIGS = {"int8_sq": "INT8_SMOOTHQUANT_CFG", "int8_wo": "INT8_WEIGHT_ONLY_CFG", "int4_awq": "INT4_AWQ_CFG",
             "w4a8_awq": "W4A8_AWQ_BETA_CFG", "fp8": "FP8_DEFAULT_CFG"}
@@ -249,11 +250,11 @@ def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) 
     dst = ctx.out / "llm_step.onnx"
     if fmt == "int8_sq":
         raw.replace(dst)
-        return _op_counts(dst)
+        return op_counts(dst)
     bits = 8 if fmt == "int8_wo" else 4
     _pack_matmul_nbits(raw, dst, bits, p["block_size"])
     raw.unlink()
-    return _op_counts(dst) | {"bits": bits, "block_size": p["block_size"]}
+    return op_counts(dst) | {"bits": bits, "block_size": p["block_size"]}
 
 
 def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None:
@@ -273,9 +274,3 @@ def _pack_matmul_nbits(src: Path, dst: Path, bits: int, block_size: int) -> None
     q.process()
     save_model(q.model.model, dst)
 
-
-def _op_counts(path: Path) -> dict[str, int]:
-    import onnx
-
-    ops = [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
-    return {op: ops.count(op) for op in ("QuantizeLinear", "DequantizeLinear", "MatMulNBits", "MatMul")}
