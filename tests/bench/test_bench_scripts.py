@@ -208,3 +208,19 @@ def test_vllm_decode_times_both_sides_with_their_tokens(tmp_path: Path) -> None:
     assert pair["ort_tokens"] == pair["vllm_tokens"] == 12 and out["identical_tokens"] == 12
     assert out["ort_ms_per_token"] > 0 and out["vllm_ms_per_token"] > 0
     assert "| builtin:tiny |" in res.stdout
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_pipeline_profile_splits_graph_time_from_the_rest(followup: CachedBuild, tmp_path: Path, stream: bool) -> None:
+    """bench/pipeline_profile.py on the session's built bundle: the engines' ONNX Runtime calls are the
+    graph time, and none of them is listed among the functions outside the graphs."""
+    (bundle,) = (followup.art / "builds").glob("followup-*")
+    res = _bench("pipeline_profile.py", "--bundle", str(bundle), "--tokens", "30", "--runs", "1", "--top", "40",
+                 "--results", str(tmp_path), *(["--stream"] if stream else []))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / f"pipeline_profile-{bundle.name}.json").read_text())
+    assert out["mode"] == ("stream" if stream else "offline") and out["audio_seconds"] > 0
+    assert 0 < out["graph_s"] < out["seconds_per_synthesis"] and 0 < out["other_share"] < 1
+    assert len(out["top"]) == 40 and not [r for r in out["top"] if "onnxruntime_pybind11_state.run>" in r["function"]]
+    assert sum(r["own_s"] for r in out["top"]) <= out["other_s"] + 1e-6
+    assert "| function (outside the graphs) |" in res.stdout
