@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EVAL_SET, REPO, write_recipe
+from helpers import REPO, write_recipe
+from seed_store import FOLLOWUP, seeded
 
 PACKAGE = REPO / "cosycompile"
 
@@ -83,23 +84,24 @@ def test_missing_module_in_a_step_closure_is_an_error(tmp_path: Path, monkeypatc
 
 
 @pytest.mark.slow
-def test_a_backend_is_one_folder(tmp_path: Path) -> None:
-    """A renamed copy of backends/onnxruntime builds cpu-fp32 with no other file touched."""
+def test_a_backend_is_one_folder(tmp_path: Path, seed: Path) -> None:
+    """A renamed copy of backends/onnxruntime builds cpu-fp32 with no other file touched. The copy's other
+    files are the package's, so the session's seed already holds every step before the engines."""
     copy = _copy_package(tmp_path / "pkg")
     shutil.copytree(copy / "backends" / "onnxruntime", copy / "backends" / "ortcopy")
     untouched = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*.py") if "ortcopy" not in p.parts}
     stages = {s: {"engine": {"backend": "ortcopy"}} for s in ("llm", "flow", "hift")}
-    recipe = write_recipe(tmp_path / "r.yaml", {"name": "ortcopy-fp32", "model": "builtin:tiny", "stages": stages,
-                                                "validation": {"eval_set": str(EVAL_SET), "max_items": 2,
-                                                               "speed": {"runs": 1, "throughput": []}}})
+    recipe = write_recipe(tmp_path / "r.yaml", {**FOLLOWUP, "name": "ortcopy-fp32", "stages": stages}, base=False)
     env = dict(os.environ, PYTHONPATH=str(copy.parent))
     probe = subprocess.run([sys.executable, "-c", "import cosycompile; print(cosycompile.__file__)"], env=env,
                            cwd=tmp_path, capture_output=True, text=True)
     assert probe.stdout.strip().startswith(str(copy)), probe.stdout + probe.stderr
     res = subprocess.run([sys.executable, "-m", "cosycompile", "build", str(recipe), "--artifacts",
-                          str(tmp_path / "art"), "-q"], env=env, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900)
+                          str(seeded(seed, tmp_path / "art")), "-q"], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    ran = res.stdout.split("ran: ", 1)[1].split("\n", 1)[0].split(", ")
+    assert {"llm.engine", "flow.engine", "hift.engine"} <= set(ran) and "model" not in ran, ran
     (bundle,) = (tmp_path / "art" / "builds").glob("ortcopy-fp32-*")
     import json
 

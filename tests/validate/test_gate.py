@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_cli, write_recipe
-from seed_store import seeded
+from seed_store import FOLLOWUP, seeded
 
 DATA = Path(__file__).parents[1] / "data"
 
@@ -61,16 +61,13 @@ def test_unknown_gate_metric_in_recipe_is_rejected(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def degraded(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> dict:
     """A build whose HiFT is quantized to INT8 (HiFT does not hold up in INT8) and the matching FP32
-    build, from the session's seed (only the HiFT's quantization and the checks run)."""
+    build, from the session's seed: the FP32 build is the seed's own (nothing runs), and the other
+    runs only the HiFT's quantization and engine and the checks (the seed holds the calibration)."""
     tmp = tmp_path_factory.mktemp("degraded")
     art = seeded(seed, tmp / "art")
-    # One timed pair and no throughput sweep: these builds test the gate and the report, not speed.
-    common = {"calibration": {"max_items": 2},
-              "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}}}
-    good = write_recipe(tmp / "good.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "good",
-                                            **common}, base=False)
-    bad = write_recipe(tmp / "bad.yaml", {"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "bad",
-                                          "stages": {"hift": {"quantize": {"format": "int8"}}}, **common}, base=False)
+    good = write_recipe(tmp / "good.yaml", {**FOLLOWUP, "name": "good"}, base=False)
+    bad = write_recipe(tmp / "bad.yaml", {**FOLLOWUP, "name": "bad", "calibration": {"max_items": 2},
+                                          "stages": {"hift": {"quantize": {"format": "int8"}}}}, base=False)
     return {"art": art, "good": run_cli("build", str(good), "--artifacts", str(art), "-q"),
             "bad": run_cli("build", str(bad), "--artifacts", str(art), "-q")}
 
