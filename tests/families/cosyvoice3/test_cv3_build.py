@@ -1,112 +1,34 @@
 """CosyVoice3 end to end on a CPU: the shipped recipes/cv3-cpu-int8.yaml builds builtin:cv3-tiny and
 passes its gate; its bundle, packed and unpacked elsewhere, synthesizes the build's audio with no model
-dir and no cache; the real tritonserver serves its CPU repository and returns the same audio.
-
-One build for the module: the shipped recipe's stages, quantizers and gate, on a smaller eval (two
-items, one timed pair, fewer calibration items) to keep CI short.
-"""
+dir and no cache; the real tritonserver serves its CPU repository and returns the same audio
+(families/shipped_cpu_build.py holds what every family's test does)."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from helpers import EVAL_SET, REPO, run_cli, tritonserver, write_recipe
+from families.shipped_cpu_build import (build_shipped, check_gate_and_bundle, check_tritonserver_serves_the_same_audio,
+                               check_unpacked_bundle_reproduces_the_build)
 
 pytestmark = pytest.mark.slow
-
-RECIPE = REPO / "recipes" / "cv3-cpu-int8.yaml"
-
-
-def _snr_db(ref: np.ndarray, test: np.ndarray) -> float:
-    ref64, test64 = ref.astype(np.float64), test.astype(np.float64)
-    noise = float(np.sum((ref64 - test64) ** 2))
-    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(ref64 ** 2)) / noise)
 
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    root = tmp_path_factory.mktemp("cv3build")
-    art = root / "art"
-    recipe = write_recipe(root / "cv3-cpu-int8.yaml", {
-        "extends": str(RECIPE), "name": "cv3-cpu-int8", "calibration": {"max_items": 4},
-        "validation": {"max_items": 2, "speed": {"runs": 1, "throughput": []}}}, base=False)
-    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q", timeout=1500)
-    (bundle,) = (art / "builds").glob("cv3-cpu-int8-*") if res.returncode == 0 else (None,)
-    return {"root": root, "art": art, "res": res, "bundle": bundle}
+    return build_shipped(tmp_path_factory, "cv3-cpu-int8")
 
 
 def test_the_shipped_recipe_passes_its_gate_on_real_tokens(build: dict[str, Any]) -> None:
-    res = build["res"]
-    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-3000:]
-    assert "gate: PASS" in res.stdout, res.stdout[-2000:]
-    manifest = json.loads((build["bundle"] / "manifest.json").read_text())
-    assert manifest["family"] == "cosyvoice3" and manifest["model"] == "builtin:cv3-tiny"
-    assert {s: v["precision"] for s, v in manifest["stages"].items()} == {"llm": "int8_sq", "flow": "int8",
-                                                                           "hift": "fp32"}
-    report = json.loads((build["bundle"] / "report.json").read_text())
-    text = json.dumps(report)
-    # Every stage was checked against the FP32 reference, and the LM spoke: a check of zero tokens measures nothing.
-    for metric in ("logit_cosine", "cfm_mel_snr_db_min", "waveform_snr_db_min", "tokens_identical_ratio"):
-        assert f'"{metric}"' in text, metric
-    pipeline = np.load(next(build["art"].glob("cache/objects/*/*/data/pipeline.npz")))
-    assert all(pipeline[k].size > 0 for k in pipeline.files if k.startswith("tokens.")), "an eval item has no tokens"
-    engines = build["bundle"] / "engines"
-    for stage in ("llm", "flow", "hift"):
-        assert json.loads((engines / stage / "graphs.json").read_text())["info"]["family"] == "cosyvoice3", stage
+    check_gate_and_bundle(build, "cosyvoice3", "builtin:cv3-tiny", {"llm": "int8_sq", "flow": "int8", "hift": "fp32"})
 
 
 def test_unpacked_bundle_alone_reproduces_the_builds_audio(build: dict[str, Any], tmp_path: Path) -> None:
-    import soundfile as sf
-
-    assert build["res"].returncode == 0, "the build failed (see the first test)"
-    archive = tmp_path / "cv3.tar.gz"
-    assert run_cli("pack", str(build["bundle"]), "-o", str(archive)).returncode == 0
-    unpacked = tmp_path / "elsewhere" / "bundle"
-    res = run_cli("unpack", str(archive), str(unpacked))
-    assert res.returncode == 0, res.stderr
-    item = json.loads((EVAL_SET / "manifest.jsonl").read_text(encoding="utf-8").splitlines()[0])
-    out = tmp_path / "out.wav"
-    hidden = build["art"].with_name("art.hidden")  # no cache or model dir within reach
-    os.replace(build["art"], hidden)
-    try:
-        res = run_cli("synthesize", str(unpacked), "--text", item["text"], "--prompt-wav",
-                      str(EVAL_SET / item["prompt_wav"]), "--prompt-text", item["prompt_text"], "--out", str(out),
-                      cwd=tmp_path)
-    finally:
-        os.replace(hidden, build["art"])
-    assert res.returncode == 0, res.stderr[-3000:]
-    got, sr = sf.read(str(out), dtype="int16")
-    ref, _ = sf.read(str(unpacked / "audio" / f"{item['id']}.built.wav"), dtype="int16")
-    assert sr == 24000 and len(got) == len(ref) > 0
-    assert _snr_db(ref, got) >= 60.0
+    check_unpacked_bundle_reproduces_the_build(build, tmp_path, 24000)
 
 
 def test_tritonserver_serves_the_cpu_repository_with_the_same_audio(build: dict[str, Any], tmp_path: Path) -> None:
-    import soundfile as sf
-    import tritonclient.http as httpclient
-
-    assert build["res"].returncode == 0, "the build failed (see the first test)"
-    repo = tmp_path / "repo"
-    res = run_cli("triton", str(build["bundle"]), "--out", str(repo))
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert {p.name for p in repo.iterdir() if p.is_dir()} == {"cosyvoice3", "cosyvoice3_offline"}
-    text = "Hello there, this is CosyVoice3 served by Triton."
-    synth = tmp_path / "synth.wav"
-    res = run_cli("synthesize", str(build["bundle"]), "--text", text, "--out", str(synth))
-    assert res.returncode == 0, res.stderr[-2000:]
-    want, _ = sf.read(str(synth), dtype="float32")
-    with tritonserver(repo, tmp_path / "server") as server:
-        client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
-        data = np.frombuffer(text.encode("utf-8"), np.uint8)[None]
-        inp = httpclient.InferInput("target_text_utf8", list(data.shape), "UINT8")
-        inp.set_data_from_numpy(data)
-        got = client.infer("cosyvoice3_offline", [inp]).as_numpy("waveform")[0]
-    # synthesize writes PCM16: the same samples agree to within its quantization step.
-    assert got.shape == want.shape and want.size > 0
-    assert np.abs(want - got).max() <= 1.01 / 32768
+    check_tritonserver_serves_the_same_audio(build, tmp_path, "cosyvoice3",
+                                             "Hello there, this is CosyVoice3 served by Triton.")
