@@ -23,7 +23,9 @@ from typing import Any
 ARCHITECTURE = "CosyVoiceLMForCausalLM"
 MODULE = "cosyvoice_vllm"  # the module's name once installed from the rewrite dir
 # The ModelOpt checkpoint kinds vLLM 0.32 loads (its ModelOptConfig refuses the others at load:
-# "ModelOpt currently only supports: [...]"); FP8 kinds need its GPU kernels too.
+# "ModelOpt currently only supports: [...]"). FP8 kinds need its GPU kernels too: its CPU build takes
+# the config, then fails while loading the weights (``requantize_with_max_scale`` calls
+# ``static_scaled_fp8_quant``, an op its CPU build registers without arguments).
 VLLM_MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO", "NVFP4", "W4A16_NVFP4", "MXFP8",
                        "MIXED_PRECISION")
 _built: dict[str, Any] = {}
