@@ -225,7 +225,6 @@ def check_node_patterns(onnx_paths: list[Path], patterns: list[str], key: str) -
     is a RecipeError naming ``key`` (a recipe never carries a setting that does nothing)."""
     import re
 
-
     from cosycompile.errors import RecipeError
 
     names = [n.name for p in onnx_paths for n in load_structure(p).graph.node]
