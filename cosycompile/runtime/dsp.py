@@ -113,6 +113,16 @@ def mel_spectrogram(wav: np.ndarray, sr: int = 24000, n_fft: int = 1920, hop: in
     return np.log(np.maximum(mel, 1e-5)).astype(np.float32)
 
 
+def power_mel(wav: np.ndarray, sr: int, n_fft: int, hop: int, n_mels: int) -> np.ndarray:
+    """``librosa.feature.melspectrogram`` at its defaults [n_mels, T], float32: centred frames (zero
+    padding of ``n_fft // 2`` on both sides, T = 1 + len // hop), a periodic Hann window, the power
+    spectrum and librosa's Slaney filter bank (fmin 0, fmax sr/2). Computed in float64."""
+    x = np.pad(np.asarray(wav, dtype=np.float64), (n_fft // 2, n_fft // 2))
+    spec = np.fft.rfft(_frames(x, n_fft, hop) * hann(n_fft), axis=-1)
+    power = spec.real**2 + spec.imag**2
+    return (mel_filterbank(sr, n_fft, n_mels).astype(np.float64) @ power.T).astype(np.float32)
+
+
 def stft(wav: np.ndarray, n_fft: int = 16, hop: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """(magnitude, phase) [..., n_fft//2 + 1, N] of ``torch.stft(center=True, pad_mode='reflect')``.
 

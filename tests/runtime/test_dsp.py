@@ -107,6 +107,15 @@ def test_mel_filterbank_matches_librosa(sr: int, n_fft: int, n_mels: int, fmax: 
     assert not ours.flags.writeable  # shared through the cache
 
 
+@pytest.mark.parametrize("length", [16000 * 2 + 37, 399, 0])
+def test_power_mel_matches_librosa_melspectrogram(length: int) -> None:
+    wav = np.random.default_rng(length).standard_normal(length).astype(np.float32)
+    ours = dsp.power_mel(wav, 16000, 400, 160, 40)
+    ref = librosa.feature.melspectrogram(y=wav, sr=16000, n_fft=400, hop_length=160, n_mels=40)
+    assert ours.shape == ref.shape and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-6 * float(np.abs(ref).max(initial=1.0)))
+
+
 def test_hann_matches_torch() -> None:
     np.testing.assert_allclose(dsp.hann(16), torch.hann_window(16, dtype=torch.float64).numpy(), atol=1e-15)
     np.testing.assert_allclose(dsp.hann(400, periodic=False),

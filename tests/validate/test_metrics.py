@@ -198,6 +198,16 @@ def test_speaker_similarity_separates_voices(voice: np.ndarray) -> None:
                                 16000) == pytest.approx(other, abs=0.02)
 
 
+def test_speaker_embedding_is_resemblyzers(voice: np.ndarray) -> None:
+    """The embedding equals resemblyzer's own ``embed_utterance`` (which computes its mel with librosa)."""
+    from cosycompile.runtime.dsp import resample
+
+    wav = resample(voice, SR, 16000)
+    encoder = M._voice_encoder()
+    for clip in (wav, wav[: 16000 // 2]):  # several partial windows, and one zero-padded window
+        np.testing.assert_allclose(M._embed_utterance(encoder, clip), encoder.embed_utterance(clip), atol=2e-6)
+
+
 def test_missing_optional_package_raises_backend_unavailable(monkeypatch: pytest.MonkeyPatch,
                                                              voice: np.ndarray) -> None:
     real_import = builtins.__import__
