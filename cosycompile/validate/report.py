@@ -103,11 +103,11 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
             lines += ["Throughput of the build (audio s per wall s): "
                       + ", ".join(f"concurrency {c}: {_fmt(v['audio_s_per_s'])}" for c, v in tp.items()) + "."]
         if "peak_rss_mb" in speed:
-            lines += [f"Peak host memory (RSS) of the pipeline check: {speed['peak_rss_mb']:,.0f} MB."]
+            lines += [f"Peak host memory (RSS) of the pipeline check: {speed['peak_rss_mb']:,.0f} MiB."]
         peaks = {n: v["peak_rss_mb"] for n, v in report.get("build_steps", {}).items() if v.get("peak_rss_mb")}
         if peaks:
             top = max(peaks, key=peaks.__getitem__)
-            lines += [f"The step during which the build process held the most memory: {top}, {peaks[top]:,.0f} MB "
+            lines += [f"The step during which the build process held the most memory: {top}, {peaks[top]:,.0f} MiB "
                       "(the process's peak RSS while each step ran, when it was built; processes a step starts are "
                       "not counted)."]
         llm = speed.get("llm", {})
@@ -126,7 +126,7 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     steps = report.get("build_steps", {})
     if steps:
         lines += ["## Build steps", ""]
-        lines += _table(["step", "key", "seconds (when built)", "peak RSS MB (when built)", "built on"],
+        lines += _table(["step", "key", "seconds (when built)", "peak RSS MiB (when built)", "built on"],
                         [[n, v.get("key", "")[:12], v.get("seconds"),
                           None if v.get("peak_rss_mb") is None else round(v["peak_rss_mb"]), v.get("node")]
                          for n, v in steps.items()])
@@ -136,52 +136,13 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
     return "\n".join(lines)
 
 
-# (panel title, metric name in gate.METRICS, quality label, value of a perfect match, speed metric)
-_PANELS = (
-    ("LLM", "llm.top1_agreement", "teacher-forced top-1 agreement", 1.0, "speed.llm"),
-    ("flow", "flow.mel_snr_db", "mel SNR after 10 CFM steps (dB)", None, "speed.flow"),
-    ("HiFT", "hift.waveform_snr_db", "waveform SNR (dB)", None, "speed.hift"),
-    ("end to end", "pipeline.log_mel_l1", "log-mel L1 (lower is better)", 0.0, "speed.end_to_end"),
-)
-_SNR_CAP = 100.0
-
-
-def plot_quality_speed(report: dict[str, Any], path: Any, label: str = "this build",
-                       baselines: dict[str, dict[str, Any]] | None = None) -> None:
-    """quality_speed.png: per stage, quality vs speed-up for this build, its reference and baselines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from cosycompile.validate.gate import metric_values
-
-    series = {label: metric_values(report)}
-    for name, rep in (baselines or {}).items():
-        series[name] = metric_values(rep)
-    fig, axes = plt.subplots(1, len(_PANELS), figsize=(4.2 * len(_PANELS), 3.8))
-    for ax, (title, q, qlabel, perfect, sp) in zip(axes, _PANELS):
-        ref_q = perfect if perfect is not None else _SNR_CAP
-        ax.scatter([1.0], [ref_q], marker="*", s=160, color="black", label="FP32 reference", zorder=3)
-        for i, (name, vals) in enumerate(series.items()):
-            if q in vals and sp in vals:
-                y = min(vals[q], _SNR_CAP) if perfect is None else vals[q]
-                ax.scatter([vals[sp]], [y], s=60, marker="o" if i == 0 else "s", label=name, zorder=2)
-        ax.set_title(title)
-        ax.set_xlabel("speed-up vs reference (x, same run)")
-        ax.set_ylabel(qlabel + (" (capped at 100)" if perfect is None else ""))
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="lower left", fontsize=8)
-    fig.suptitle("quality vs speed against the PyTorch FP32 reference")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
 def render_bundle(bundle: Any, baselines: dict[str, dict[str, Any]] | None = None) -> list[Any]:
-    """Re-render report.md and quality_speed.png of a bundle from its report.json."""
+    """Re-render report.md and quality_speed.svg of a bundle from its report.json."""
     import json
     from pathlib import Path
+
+    from cosycompile.core.atomic import write_atomic
+    from cosycompile.validate.quality_plot import quality_speed_svg
 
     bundle = Path(bundle)
     report = json.loads((bundle / "report.json").read_text())
@@ -192,10 +153,6 @@ def render_bundle(bundle: Any, baselines: dict[str, dict[str, Any]] | None = Non
         title = f"{m.get('recipe')} ({m.get('model')}, target {m.get('target')})"
         report = dict(report, build_steps=m.get("steps", {}))
     # Bundle files may be hard links into the cache: write new files and rename over, never in place.
-    md = bundle / ".report.md.tmp"
-    md.write_text(render_markdown(report, title))
-    md.replace(bundle / "report.md")
-    png = bundle / ".quality_speed.png.tmp.png"
-    plot_quality_speed(report, png, baselines=baselines)
-    png.replace(bundle / "quality_speed.png")
-    return [bundle / "report.md", bundle / "quality_speed.png"]
+    write_atomic(bundle / "report.md", render_markdown(report, title).encode())
+    write_atomic(bundle / "quality_speed.svg", quality_speed_svg(report, baselines=baselines).encode())
+    return [bundle / "report.md", bundle / "quality_speed.svg"]

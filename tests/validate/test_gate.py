@@ -81,13 +81,14 @@ def test_degraded_build_fails_the_gate_naming_the_metric(degraded: dict) -> None
 
 def test_report_renders_plot_and_markdown(degraded: dict) -> None:
     (bundle,) = (degraded["art"] / "builds").glob("good-*")
-    png = bundle / "quality_speed.png"
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    svg = bundle / "quality_speed.svg"
+    figure = svg.read_text()
+    assert figure.startswith("<svg") and figure.count("<circle") == 4  # this build, in each stage's panel
     md = (bundle / "report.md").read_text()
     assert "| stage" in md and "Verdict: PASS" in md and "speed-up" in md
-    png.unlink()
+    svg.unlink()
     res = run_cli("report", str(bundle))
-    assert res.returncode == 0 and png.is_file()
+    assert res.returncode == 0 and svg.read_text() == figure
     wavs = sorted(p.name for p in (bundle / "audio").glob("*.wav"))
     assert any(w.endswith(".reference.wav") for w in wavs) and any(w.endswith(".built.wav") for w in wavs)
 
