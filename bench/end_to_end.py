@@ -121,7 +121,7 @@ def main() -> int:
     e2e = speed.get("end_to_end", {})
     print(f"RTF reference {e2e.get('rtf_reference', float('nan')):.2f}, built {e2e.get('rtf_built', float('nan')):.2f}; "
           f"first chunk built {1000 * speed.get('first_chunk', {}).get('built_s', float('nan')):.0f} ms; "
-          f"peak RSS of the step that needed the most {max((v or 0) for v in out['step_peak_rss_mb'].values()):.0f} MB")
+          f"peak RSS of the step that needed the most {max((v or 0) for v in out['step_peak_rss_mb'].values()):.0f} MiB")
     q = checks["pipeline"]["metrics"]
     print(f"quality: tokens identical {q.get('tokens_identical_ratio')}, mel SNR min {q.get('mel_snr_db_min')}, "
           f"gate {'PASS' if report['gate']['passed'] else 'FAIL'} {[f['metric'] for f in report['gate']['findings']]}")

@@ -286,9 +286,9 @@ def e2e_rss(d: Json) -> str | None:
     steps = {n: mb for n, v in (d.get("step_peak_rss_mb") or {}).items() if (mb := number(v)) is not None}
     if steps:
         top = max(steps, key=steps.__getitem__)
-        return f"{steps[top]:,.0f} MB ({top})"
+        return f"{steps[top]:,.0f} MiB ({top})"
     mb = number(dig(d, "speed", "peak_rss_mb"))
-    return None if mb is None else f"{mb:,.0f} MB"
+    return None if mb is None else f"{mb:,.0f} MiB"
 
 
 # Each column: its heading and how a row's cell comes from an end_to_end-*.json (None: the file

@@ -510,7 +510,7 @@ class Executor:
             seconds[s.name] = dt
             ran.append(s.name)
             peak = entry.meta.get("peak_rss_mb")
-            self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s" + (f", peak {peak:,.0f} MB" if peak else ""))
+            self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s" + (f", peak {peak:,.0f} MiB" if peak else ""))
             # After the commit, so the remote only ever gets complete, verified outputs.
             self._push(s.name, entry)
         self.state.save()

@@ -28,7 +28,7 @@ def reset_peak() -> bool:
 
 
 def peak_mb() -> float:
-    """The resident high-water mark (MB) since the last :func:`reset_peak`, or since the process
+    """The resident high-water mark in MiB (VmHWM / 1024) since the last :func:`reset_peak`, or since the process
     started where the system cannot reset it."""
     try:
         for line in _STATUS.read_text().splitlines():
@@ -52,7 +52,7 @@ def release_free_memory(peak: float | None = None) -> None:
     glibc is asked to return free heap pages (``malloc_trim``): once large blocks have been freed,
     glibc serves later ones from its heap and keeps the pages, so without this each step of a long
     build starts from the largest footprint any step before it left (a 1.5 GB ONNX graph loaded,
-    simplified and optimized leaves several GB behind). After a step whose ``peak`` (MB, None when
+    simplified and optimized leaves several GB behind). After a step whose ``peak`` (MiB, None when
     unknown) reached :data:`COLLECT_AFTER_MB`, Python's reference cycles are collected first. Elsewhere
     than glibc only the collection runs.
     """

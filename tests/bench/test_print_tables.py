@@ -115,14 +115,14 @@ def test_each_recipe_row_holds_its_own_figures() -> None:
         assert row["flow mel SNR"] == f"{q['flow']['cfm_mel_snr_db_min']:.1f} dB"
         assert row["HiFT waveform SNR"] == f"{q['hift']['waveform_snr_db_min']:.1f} dB"
         assert row["gate"] == ("PASS" if d["gate_passed"] else "FAIL")
-        assert row["peak RSS"] == f"{sp['peak_rss_mb']:,.0f} MB"
+        assert row["peak RSS"] == f"{sp['peak_rss_mb']:,.0f} MiB"
 
 
 def test_peak_rss_names_the_step_that_needed_the_most() -> None:
     newer = {"step_peak_rss_mb": {"model": 2793.4, "llm.export": 9120.6, "flow.check": None},
              "speed": {"peak_rss_mb": 880.0}}
-    assert print_tables.e2e_rss(newer) == "9,121 MB (llm.export)"
-    assert print_tables.e2e_rss({"speed": {"peak_rss_mb": 880.0}}) == "880 MB"  # a run from before per-step peaks
+    assert print_tables.e2e_rss(newer) == "9,121 MiB (llm.export)"
+    assert print_tables.e2e_rss({"speed": {"peak_rss_mb": 880.0}}) == "880 MiB"  # a run from before per-step peaks
     assert print_tables.e2e_rss({"step_peak_rss_mb": {"model": None}}) is None
 
 

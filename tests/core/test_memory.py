@@ -54,7 +54,7 @@ def test_each_step_records_its_own_peak(tmp_path: Path) -> None:
     assert peaks["big"] - peaks["small"] >= 250, peaks
     for name, entry in result.entries.items():
         assert json.loads((entry.path / "entry.json").read_text())["peak_rss_mb"] == peaks[name]
-    assert f"peak {peaks['big']:,.0f} MB" in out.getvalue()
+    assert f"peak {peaks['big']:,.0f} MiB" in out.getvalue()
 
 
 def _rss_mb() -> float:
