@@ -119,6 +119,8 @@ class SineGen2(SineSource):
 
     # Frames per partial sum: short float32 sums, and few of them, whatever the utterance length.
     BLOCK = 64
+    # The HiFT graph's dims whose guards torch.export proves only from 2 with this source (its blocks).
+    export_from_two = ("frames",)
 
     def __init__(self, samp_rate: int, upsample_scale: int, harmonic_num: int, sine_amp: float, noise_std: float,
                  voiced_threshold: float) -> None:
@@ -325,6 +327,12 @@ class HiFTNetStep(nn.Module):
     def __init__(self, hift: HiFTGenerator) -> None:
         super().__init__()
         self.hift = hift
+
+    @property
+    def export_from_two(self) -> tuple[str, ...]:
+        """The graph dims whose guards torch.export proves only from 2 (stages.common.export_program):
+        the sine source's (CosyVoice2's block-summed phase has some, CosyVoice-300M's has none)."""
+        return tuple(getattr(self.hift.m_source.l_sin_gen, "export_from_two", ()))
 
     def forward(self, mel: torch.Tensor, rand_ini: torch.Tensor, noise: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.hift.spectrum(mel, self.hift.source(mel, rand_ini, noise))

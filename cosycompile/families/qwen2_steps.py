@@ -122,6 +122,9 @@ class LLMDecodeStep(_StepLayers):
     so the graph traces into plain ONNX ops and one graph serves prefill and decode.
     """
 
+    # The graph dims whose guards torch.export proves only from 2 (stages.common.export_program).
+    export_from_two = ("seq",)
+
     def forward(self, inputs_embeds: torch.Tensor, past_key_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         body = self.lm.qwen.model
         B, S, _ = inputs_embeds.shape

@@ -98,15 +98,17 @@ def export_program(module: Any, spec: Any, info: dict[str, Any]) -> tuple[Any, d
 
     Some networks make guards the exporter cannot prove over a spec's range (the flow encoder's
     ``(2n - 1) % n != 0`` on tokens, false only at n = 1); such dims are exported again as
-    ``Dim.AUTO``, which holds from 2 up, and the graph's spec in ``graphs.json`` says so.
+    ``Dim.AUTO``, which holds from 2 up, and the graph's spec in ``graphs.json`` says so. A module
+    that names such dims itself (``export_from_two``) is exported that way at once: a failed attempt
+    traces the whole graph first, half of the export's time.
     """
     import inspect
     import re
 
     import torch
 
-    auto: frozenset[str] = frozenset()
     names = {d.name for d in spec.dims}
+    auto = frozenset(getattr(module, "export_from_two", ())) & names
     varargs = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values())
     while True:
         try:

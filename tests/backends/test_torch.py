@@ -201,10 +201,16 @@ def test_package_for_a_newer_cpu_is_refused(torch_build: tuple[Path, Path, Path]
         stage_runtime("hift", engine, 1)
 
 
-def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path) -> None:
+def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The HiFT program runs at 4x its block size and equals eager PyTorch; the flow encoder's tokens
-    dim, which the exporter cannot prove from 1, is exported from 2 and the spec says so."""
+    dim, which the exporter cannot prove from 1, is exported from 2 and the spec says so. Each graph
+    is exported once: the modules name the dims that hold only from 2, so no attempt fails first."""
     import torch
+
+    exports: list[str] = []
+    real_export = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda mod, *a, **k: exports.append(type(mod).__name__)
+                        or real_export(mod, *a, **k))
 
     from cosycompile.families.cosyvoice2.loader import load_models
     from cosycompile.stages import get_stage
@@ -214,6 +220,7 @@ def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path) -> None
     modules, _, info = get_stage("hift").hook("modules")(models)
     spec = get_stage("hift").graph("hift")
     program, raised = export_program(modules["hift"], spec, info)
+    assert raised == {"frames": 2}
     torch.manual_seed(0)
     frames = 256
     mel = torch.randn(1, info["mel_bins"], frames) - 4
@@ -225,6 +232,7 @@ def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path) -> None
     fmods, _, finfo = get_stage("flow").hook("modules")(models)
     _, raised = export_program(fmods["flow_encoder"], get_stage("flow").graph("flow_encoder"), finfo)
     assert raised == {"tokens": 2}
+    assert exports == ["HiFTNetStep", "FlowEncoderStep"]
 
 
 @pytest.mark.gpu

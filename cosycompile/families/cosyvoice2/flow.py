@@ -100,6 +100,10 @@ class CausalMaskedDiffWithXvec(FlowHead):
 class FlowEncoderStep(nn.Module):
     """Export wrapper: ``(token [1,N] int64, embedding [1,192]) -> (mu [1,80,2N], spks [1,80])``."""
 
+    # The graph dims whose guards torch.export proves only from 2 (stages.common.export_program):
+    # the encoder's ``(2n - 1) % n != 0`` on tokens.
+    export_from_two = ("tokens",)
+
     def __init__(self, flow: CausalMaskedDiffWithXvec) -> None:
         super().__init__()
         self.flow = flow

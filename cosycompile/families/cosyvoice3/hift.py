@@ -324,6 +324,9 @@ class HiFTNetStep(nn.Module):
     the reference and every engine run. tests/families/cosyvoice3 measures the waveform this costs.
     """
 
+    # The graph dims whose guards torch.export proves only from 2 (stages.common.export_program).
+    export_from_two = ("frames",)
+
     def __init__(self, hift: CausalHiFTGenerator) -> None:
         super().__init__()
         self.hift = hift
