@@ -127,7 +127,7 @@ def _prune(jobs: dict[str, Job], plans: list[Any], store: Any, remote: Any) -> N
 
 
 def recorded_peaks(store: Any) -> dict[tuple[str, str], float]:
-    """(step name, kind) -> the largest peak RSS in MB that the store's entries recorded for it."""
+    """(step name, kind) -> the largest peak RSS in MiB that the store's entries recorded for it."""
     peaks: dict[tuple[str, str], float] = {}
     for body in store.bodies():
         peak, kind = body.get("peak_rss_mb"), (body.get("components") or {}).get("kind")
@@ -147,7 +147,7 @@ def step_threads(step: Step) -> int:
 
 
 def expected_peak(step: Step, peaks: dict[tuple[str, str], float]) -> float | None:
-    """The peak RSS in MB ``step`` is expected to reach: its kind's recorded peak, else the largest
+    """The peak RSS in MiB ``step`` is expected to reach: its kind's recorded peak, else the largest
     recorded for a step of the same name (the stage's step built with another format or backend: a
     kind never built here still asks for about what its stage needed), else None."""
     same_name = [v for (name, _), v in peaks.items() if name == step.name]
