@@ -1,6 +1,6 @@
 """Every model family plug-in keeps the registry's promises: its references resolve, its tiny
-built-in loads through the same loader as a model dir, and a renamed copy of its folder is a new
-family with no other edit."""
+built-in loads through the same loader as a model dir, a build on a damaged checkpoint of it is
+refused in one line, and a renamed copy of its folder is a new family with no other edit."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cosycompile.families import family_infos
-from helpers import REPO
+from helpers import EVAL_SET, REPO, run_cli, write_recipe
 
 FAMILIES = sorted(family_infos())
 
@@ -172,3 +172,25 @@ def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatc
             assert all_keys()[step] != before[step], (name, step)
         finally:
             own.write_bytes(original)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_cli_build_on_a_bad_checkpoint_exits_2_naming_file_and_key(name: str, tmp_path: Path) -> None:
+    """The family's tiny model dir with one LM tensor of the wrong shape: ``cosycompile build`` exits 2
+    with one line naming the checkpoint file and the key, before any step runs."""
+    import torch
+
+    info = family_infos()[name]
+    d = info.hook("init_model")(f"builtin:{info.tiny_builtin}", tmp_path / "model", seed=0)
+    weights = torch.load(d / "llm.pt", map_location="cpu", weights_only=True)
+    key = sorted(k for k, v in weights.items() if v.ndim == 2)[0]
+    weights[key] = torch.zeros(3)
+    torch.save(weights, d / "llm.pt")
+    recipe = write_recipe(tmp_path / "bad.yaml", f"extends: {REPO / 'recipes' / 'base.yaml'}\nname: bad\n"
+                                                 f"model: {d}\nvalidation:\n  eval_set: {EVAL_SET}\n  max_items: 1\n")
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"))
+    err = res.stderr.strip()
+    assert res.returncode == 2, f"exit {res.returncode}\n{res.stderr[-2000:]}"
+    assert "Traceback" not in res.stderr and len(err.splitlines()) == 1, err
+    assert f"{d / 'llm.pt'}: shape mismatch for 1 tensors, e.g. {key}" in err, err
+    assert not (tmp_path / "art" / "builds").exists()
