@@ -22,30 +22,12 @@ from cosycompile.families.cosyvoice.regulator import interpolate_linear, regulat
 from cosycompile.families.cosyvoice.hift import HiFTGenerator, SineGen
 from cosycompile.families.hift import HiFTNetStep, SineGen2
 from cosycompile.families.hift_config import HiFTConfig as CV2HiFTConfig
+from families.upstream_fixtures import read_npz, read_state, rel_err
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "cv1_upstream"
 TOL = 1e-5
 CASES = ["p", "n"]  # p: 4 prompt tokens + 45 new (regulator head/mid/tail); n: no prompt, 23 new
 EST_ARGS = ("x", "mask", "mu", "t", "spks", "cond")
-
-
-def rel_err(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
-    """max|a - b| / max|b|: robust where b has values near zero."""
-    a, b = (torch.as_tensor(x).detach().to(torch.float64) for x in (a, b))
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def npz(name: str) -> dict[str, torch.Tensor]:
-    """A fixture's arrays as tensors (float16 ones widened to float32, exactly)."""
-    with np.load(DATA / f"{name}.npz") as z:
-        return {k: torch.from_numpy(z[k].astype(np.float32) if z[k].dtype == np.float16 else z[k]) for k in z.files}
-
-
-def state(name: str) -> dict[str, torch.Tensor]:
-    """Upstream's state dict (parameters stored as float16, exact) widened to float32."""
-    sd = torch.load(DATA / f"{name}.pt", map_location="cpu", weights_only=True)
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
 @pytest.fixture(scope="module")
@@ -57,25 +39,25 @@ def cfg() -> CosyVoiceConfig:
 @pytest.fixture(scope="module")
 def flow(cfg: CosyVoiceConfig) -> MaskedDiffWithXvec:
     net = MaskedDiffWithXvec(cfg.flow).eval()
-    net.load_state_dict(state("flow"), strict=True)
+    net.load_state_dict(read_state(DATA, "flow"), strict=True)
     return net
 
 
 @pytest.fixture(scope="module")
 def hift(cfg: CosyVoiceConfig) -> HiFTGenerator:
     net = HiFTGenerator(cfg.hift).eval()
-    net.load_state_dict(state("hift"), strict=True)
+    net.load_state_dict(read_state(DATA, "hift"), strict=True)
     return net
 
 
 @pytest.fixture(scope="module")
 def fd() -> dict[str, torch.Tensor]:
-    return npz("flow")
+    return read_npz(DATA, "flow")
 
 
 @pytest.fixture(scope="module")
 def hd() -> dict[str, torch.Tensor]:
-    return npz("hift")
+    return read_npz(DATA, "hift")
 
 
 def case_inputs(fd: dict[str, torch.Tensor], c: str) -> tuple[torch.Tensor, ...]:
@@ -250,7 +232,7 @@ def test_hift_inference_equals_upstream(hift: HiFTGenerator, hd: dict[str, torch
 @pytest.mark.parametrize("name", ["flow", "hift"])
 def test_bad_state_dict_is_refused(cfg: CosyVoiceConfig, name: str) -> None:
     build = {"flow": lambda: MaskedDiffWithXvec(cfg.flow), "hift": lambda: HiFTGenerator(cfg.hift)}[name]
-    good = state(name)
+    good = read_state(DATA, name)
     net = build()
     key = sorted(k for k, v in good.items() if v.ndim >= 1)[len(good) // 2]
 

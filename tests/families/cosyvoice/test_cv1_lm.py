@@ -22,22 +22,10 @@ from cosycompile.families.cosyvoice.lm import (DecodeStep, TransformerLM, step_i
                                                text_encoder_weights)
 from cosycompile.families.cosyvoice.text_encoder import text_features
 from cosycompile.runtime.stage_graphs.llm import LLM_STEP
+from families.upstream_fixtures import read_state, rel_err
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "cv1_upstream"
 TOL = 1e-5
-
-
-def rel_err(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
-    """max|a - b| / max|b|."""
-    a, b = (torch.as_tensor(x).detach().to(torch.float64) for x in (a, b))
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def upstream_state() -> dict[str, torch.Tensor]:
-    """Upstream's state dict (parameters stored as float16, exact) widened to float32."""
-    sd = torch.load(DATA / "lm.pt", map_location="cpu", weights_only=True)
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
 def empty_cache(cfg: LMConfig, batch: int = 1) -> torch.Tensor:
@@ -54,7 +42,7 @@ def cfg() -> LMConfig:
 @pytest.fixture(scope="module")
 def lm(cfg: LMConfig) -> TransformerLM:
     net = TransformerLM(cfg).eval()
-    net.load_state_dict(upstream_state(), strict=True)
+    net.load_state_dict(read_state(DATA, "lm"), strict=True)
     return net
 
 
@@ -76,7 +64,7 @@ def text_ids(up: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # -- loading ---------------------------------------------------------------------------------------
 def test_strict_load_catches_a_wrong_key(cfg: LMConfig) -> None:
-    sd = upstream_state()
+    sd = read_state(DATA, "lm")
     renamed = dict(sd)
     renamed["llm.encoders.0.norm_mha.weight"] = renamed.pop("llm.encoders.0.norm1.weight")
     with pytest.raises(RuntimeError, match="norm_mha"):

@@ -15,13 +15,7 @@ from cosycompile.families.cosyvoice.loader import init_model, load_models
 from cosycompile.reference.runners import reference_runtime
 from cosycompile.runtime.pipeline import Prompt
 from cosycompile.runtime.sampling import Sampling
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max|a - b| / max|b|."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+from families.upstream_fixtures import rel_err
 
 
 @pytest.fixture(scope="module")

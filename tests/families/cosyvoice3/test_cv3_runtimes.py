@@ -21,13 +21,7 @@ from cosycompile.stages.flow import FLOW_ENCODER, FLOW_ESTIMATOR
 from cosycompile.stages.hift import HIFT
 from cosycompile.stages.llm import LLM_STEP
 from helpers import cv3_network_greedy
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max|a - b| / max|b|."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+from families.upstream_fixtures import rel_err
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,32 +17,10 @@ from cosycompile.families.cosyvoice3.config import CosyVoice3Config, cv3_0_5b, c
 from cosycompile.families.cosyvoice3.flow import CausalMaskedDiffWithDiT
 from cosycompile.families.cosyvoice3.hift import CausalHiFTGenerator, Snake
 from cosycompile.families.cosyvoice3.lm import CosyVoice3LM
+from families.upstream_fixtures import read_npz, read_state, rel_err
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "cv3_upstream"
 TOL = 1e-5
-
-
-def rel_err(a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray) -> float:
-    """max|a - b| / max|b|: robust where b has values near zero."""
-    a, b = (torch.as_tensor(x).detach().to(torch.float64) for x in (a, b))
-    assert a.shape == b.shape, (a.shape, b.shape)
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
-
-
-def npz(name: str) -> dict[str, torch.Tensor]:
-    """A fixture's arrays as tensors (float16 inputs widened to float32, exactly)."""
-    with np.load(DATA / f"{name}.npz") as z:
-        out = {}
-        for k in z.files:
-            a = z[k]
-            out[k] = torch.from_numpy(a.astype(np.float32) if a.dtype == np.float16 else a)
-        return out
-
-
-def state(name: str) -> dict[str, torch.Tensor]:
-    """Upstream's state dict (parameters stored as float16, exact) widened to float32."""
-    sd = torch.load(DATA / f"{name}.pt", map_location="cpu", weights_only=True)
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +32,15 @@ def cfg() -> CosyVoice3Config:
 @pytest.fixture(scope="module")
 def flow(cfg: CosyVoice3Config) -> CausalMaskedDiffWithDiT:
     net = CausalMaskedDiffWithDiT(cfg.flow).eval()
-    net.load_state_dict(state("flow"), strict=True)
+    net.load_state_dict(read_state(DATA, "flow"), strict=True)
     return net
 
 
 @pytest.fixture(scope="module")
 def hift(cfg: CosyVoice3Config) -> CausalHiFTGenerator:
     net = CausalHiFTGenerator(cfg.hift).eval()
-    net.load_state_dict(state("hift"), strict=True)
-    d = npz("hift")
+    net.load_state_dict(read_state(DATA, "hift"), strict=True)
+    d = read_npz(DATA, "hift")
     net.set_noise(d["in_rand_ini"], d["in_sine_waves"])
     return net
 
@@ -71,7 +48,7 @@ def hift(cfg: CosyVoice3Config) -> CausalHiFTGenerator:
 @pytest.fixture(scope="module")
 def lm(cfg: CosyVoice3Config) -> CosyVoice3LM:
     net = CosyVoice3LM(cfg.lm).eval()
-    net.load_state_dict(state("lm"), strict=True)
+    net.load_state_dict(read_state(DATA, "lm"), strict=True)
     return net
 
 
@@ -79,7 +56,7 @@ def lm(cfg: CosyVoice3Config) -> CosyVoice3LM:
 @pytest.mark.parametrize("T", [16, 100, 500])
 @pytest.mark.parametrize("streaming", [False, True], ids=["full", "stream"])
 def test_dit_estimator_equals_upstream(flow: CausalMaskedDiffWithDiT, T: int, streaming: bool) -> None:
-    d = npz("dit")
+    d = read_npz(DATA, "dit")
     with torch.inference_mode():
         out = flow.decoder.estimator(d[f"in_x_{T}"], d[f"mask_{T}"], d[f"in_mu_{T}"], d[f"in_t_{T}"],
                                      d[f"in_spks_{T}"], d[f"in_cond_{T}"], streaming=streaming)
@@ -88,7 +65,7 @@ def test_dit_estimator_equals_upstream(flow: CausalMaskedDiffWithDiT, T: int, st
 
 def test_streaming_mask_matters_at_100_frames() -> None:
     """The chunked mask must change the output past one 50-frame chunk, else the streaming check proves nothing."""
-    d = npz("dit")
+    d = read_npz(DATA, "dit")
     assert rel_err(d["out_100_stream"], d["out_100_full"]) > 1e-3
     assert rel_err(d["out_100_stream"][..., :50], d["out_100_full"][..., :50]) > 1e-3  # chunk 1 no longer sees chunk 2
 
@@ -96,7 +73,7 @@ def test_streaming_mask_matters_at_100_frames() -> None:
 @pytest.mark.parametrize("streaming", [False, True], ids=["full", "stream"])
 @pytest.mark.parametrize("finalize", [True, False], ids=["final", "chunk"])
 def test_cfm_mel_equals_upstream(flow: CausalMaskedDiffWithDiT, streaming: bool, finalize: bool) -> None:
-    d = npz("flow")
+    d = read_npz(DATA, "flow")
     mel = flow.inference(d["token"], d["prompt_token"], d["in_prompt_feat"], d["in_embedding"],
                          streaming=streaming, finalize=finalize)
     ref = d[f"mel_{'stream' if streaming else 'full'}_{'final' if finalize else 'chunk'}"]
@@ -105,13 +82,13 @@ def test_cfm_mel_equals_upstream(flow: CausalMaskedDiffWithDiT, streaming: bool,
 
 def test_cfm_streaming_matters() -> None:
     """72 frames span two chunks: upstream's streaming mel differs from the full-context one."""
-    d = npz("flow")
+    d = read_npz(DATA, "flow")
     assert d["mel_full_final"].shape[-1] == 60
     assert rel_err(d["mel_stream_final"], d["mel_full_final"]) > 1e-3
 
 
 def test_hift_f0_equals_upstream(hift: CausalHiFTGenerator) -> None:
-    d = npz("hift")
+    d = read_npz(DATA, "hift")
     with torch.inference_mode():
         f0 = hift.predict_f0(d["in_mel"])
     assert rel_err(f0, d["f0"]) <= TOL
@@ -121,7 +98,7 @@ def test_hift_f0_equals_upstream(hift: CausalHiFTGenerator) -> None:
 
 @pytest.mark.parametrize("finalize", [True, False], ids=["final", "chunk"])
 def test_hift_waveform_equals_upstream(hift: CausalHiFTGenerator, finalize: bool) -> None:
-    d = npz("hift")
+    d = read_npz(DATA, "hift")
     wav, source = hift.inference(d["in_mel"], finalize=finalize)
     suffix = "" if finalize else "_chunk"
     assert rel_err(source, d["source" + suffix]) <= TOL
@@ -129,7 +106,7 @@ def test_hift_waveform_equals_upstream(hift: CausalHiFTGenerator, finalize: bool
 
 
 def test_lm_prefill_and_decode_equal_upstream(lm: CosyVoice3LM) -> None:
-    d = npz("lm")
+    d = read_npz(DATA, "lm")
     with torch.inference_mode():
         emb = lm.prompt_embeddings(d["text"], d["prompt_text"], d["prompt_speech_token"])
         prefill, cache = lm.step(emb)
@@ -174,7 +151,7 @@ def test_snake_keeps_tiny_alphas_finite_in_fp32() -> None:
 def test_bad_state_dict_is_refused(cfg: CosyVoice3Config, name: str) -> None:
     build = {"flow": lambda: CausalMaskedDiffWithDiT(cfg.flow), "hift": lambda: CausalHiFTGenerator(cfg.hift),
              "lm": lambda: CosyVoice3LM(cfg.lm)}[name]
-    good = state(name)
+    good = read_state(DATA, name)
     net = build()
     key = sorted(k for k, v in good.items() if v.ndim >= 1)[len(good) // 2]
 
