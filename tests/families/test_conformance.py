@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -172,6 +173,58 @@ def test_editing_another_familys_files_changes_no_key(tmp_path: Path, monkeypatc
             assert all_keys()[step] != before[step], (name, step)
         finally:
             own.write_bytes(original)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """family name -> its tiny built-in written as a model dir, once per module (read-only: copy it)."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            info = family_infos()[name]
+            made[name] = info.hook("init_model")(f"builtin:{info.tiny_builtin}", tmp_path_factory.mktemp(name) / "tiny",
+                                                 seed=0)
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("stage", ["llm", "flow", "hift"])
+@pytest.mark.parametrize("fault", ["missing", "extra", "shape"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_bad_key_is_one_line_naming_file_and_key(name: str, fault: str, stage: str, tiny_dir: Any,
+                                                   tmp_path: Path) -> None:
+    """A stage checkpoint with a key missing, an extra key or a tensor of the wrong shape is refused by
+    the family's loader and by its checkpoint check, in one line naming the file, the fault and a key."""
+    import torch
+
+    from cosycompile.errors import ModelError
+    from cosycompile.families import load_models
+
+    d = shutil.copytree(tiny_dir(name), tmp_path / "model")
+    path = d / f"{stage}.pt"
+    weights = torch.load(path, map_location="cpu", weights_only=True)
+    keys = sorted(k for k, v in weights.items() if v.ndim >= 1)
+    key = keys[len(keys) // 2]
+    if fault == "missing":
+        del weights[key]
+        want = f"1 missing (e.g. {key})"
+    elif fault == "extra":
+        key = key.rsplit(".", 1)[0] + ".not_upstream.weight"
+        weights[key] = torch.zeros(2)
+        want = f"1 unexpected (e.g. {key})"
+    else:
+        weights[key] = torch.zeros(*(n + 1 for n in weights[key].shape))
+        want = f"shape mismatch for 1 tensors, e.g. {key}"
+    torch.save(weights, path)
+    check_checkpoint = family_infos()[name].hook("check_checkpoint")
+    for check in (lambda: load_models(d, (stage,), name), lambda: check_checkpoint(d, stage)):
+        with pytest.raises(ModelError) as err:
+            check()
+        msg = str(err.value)
+        assert msg.startswith(f"{path}: ") and "\n" not in msg, msg
+        assert want in msg, msg
 
 
 @pytest.mark.parametrize("name", FAMILIES)

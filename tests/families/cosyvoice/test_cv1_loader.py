@@ -14,15 +14,12 @@ import torch
 
 from cosycompile.errors import ModelError
 from cosycompile.families.cosyvoice.config import cv1_300m, cv1_tiny
-from cosycompile.families.cosyvoice.loader import check_checkpoint, init_model, load_models
+from cosycompile.families.cosyvoice.loader import init_model, load_models
 from cosycompile.families.cosyvoice.yaml_read import read_model_config, yaml_text
 
 STAGES = ("llm", "flow", "hift")
 UPSTREAM = Path("/work/.mirror/FunAudioLLM+CosyVoice/repo")
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
-# A key of each stage's checkpoint, as upstream names it.
-KEYS = {"llm": "llm.encoders.1.self_attn.linear_pos.weight", "flow": "length_regulator.model.12.weight",
-        "hift": "f0_predictor.classifier.weight"}
 
 
 @pytest.fixture(scope="module")
@@ -35,35 +32,6 @@ def cv1_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def _edit(path: Path, edit) -> None:  # noqa: ANN001 (a callable on the state dict)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    edit(sd)
-    torch.save(sd, path)
-
-
-@pytest.mark.parametrize("stage", STAGES)
-@pytest.mark.parametrize("fault", ["missing", "extra", "shape"])
-def test_bad_key_is_one_line_naming_file_and_key(cv1_tiny_dir: Path, tmp_path: Path, stage: str, fault: str) -> None:
-    d = _copy(cv1_tiny_dir, tmp_path / "model")
-    key = KEYS[stage]
-    if fault == "missing":
-        _edit(d / f"{stage}.pt", lambda sd: sd.pop(key))
-        want = f"1 missing (e.g. {key})"
-    elif fault == "extra":
-        key = "llm.encoders.0.not_upstream.weight"
-        _edit(d / f"{stage}.pt", lambda sd: sd.__setitem__(key, torch.zeros(2)))
-        want = f"1 unexpected (e.g. {key})"
-    else:
-        _edit(d / f"{stage}.pt", lambda sd: sd.__setitem__(key, torch.zeros(*(n + 1 for n in sd[key].shape))))
-        want = f"shape mismatch for 1 tensors, e.g. {key}"
-    for check in (lambda: load_models(d, (stage,)), lambda: check_checkpoint(d, stage)):
-        with pytest.raises(ModelError) as err:
-            check()
-        msg = str(err.value)
-        assert msg.startswith(f"{d / f'{stage}.pt'}: ") and "\n" not in msg, msg
-        assert want in msg, msg
 
 
 def test_upstreams_example_config_reads_as_the_300m_shapes(tmp_path: Path) -> None:
