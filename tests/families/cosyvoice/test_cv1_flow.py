@@ -229,29 +229,6 @@ def test_hift_inference_equals_upstream(hift: HiFTGenerator, hd: dict[str, torch
 
 
 # -- keys -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["flow", "hift"])
-def test_bad_state_dict_is_refused(cfg: CosyVoiceConfig, name: str) -> None:
-    build = {"flow": lambda: MaskedDiffWithXvec(cfg.flow), "hift": lambda: HiFTGenerator(cfg.hift)}[name]
-    good = read_state(DATA, name)
-    net = build()
-    key = sorted(k for k, v in good.items() if v.ndim >= 1)[len(good) // 2]
-
-    missing = dict(good)
-    del missing[key]
-    with pytest.raises(RuntimeError, match="Missing key"):
-        net.load_state_dict(missing, strict=True)
-
-    extra = dict(good)
-    extra["not_upstream.weight"] = torch.zeros(1)
-    with pytest.raises(RuntimeError, match="Unexpected key"):
-        net.load_state_dict(extra, strict=True)
-
-    misshaped = dict(good)
-    misshaped[key] = torch.zeros(*good[key].shape[:-1], good[key].shape[-1] + 1)
-    with pytest.raises(RuntimeError, match="size mismatch"):
-        net.load_state_dict(misshaped, strict=True)
-
-
 def test_300m_shapes_equal_upstream() -> None:
     """Our 300M flow and HiFT (built on the meta device) have exactly upstream's keys and shapes."""
     ref = json.loads((DATA / "shapes_300m.json").read_text())
