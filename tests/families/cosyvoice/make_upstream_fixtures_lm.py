@@ -40,7 +40,6 @@ import argparse
 import itertools
 import json
 import logging
-import subprocess
 import sys
 import tempfile
 import types
@@ -59,27 +58,13 @@ YAML = "examples/libritts/cosyvoice/conf/cosyvoice.yaml"
 CACHED_STEPS = 4
 GREEDY_TOKENS = 16
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
 from cosycompile.families.cosyvoice.config import EncoderConfig, LMConfig, cv1_tiny  # noqa: E402
+from families.upstream_source import source_tree  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------
-def upstream_tree(path: Path, commit: str, tmp: Path) -> tuple[Path, str]:
-    """A folder holding upstream's ``cosyvoice/`` package and the yaml, and the commit they came from."""
-    if (path / "cosyvoice" / "__init__.py").exists():
-        try:
-            rev = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            rev = "unknown (not a git checkout)"
-        return path, rev
-    git = ["git", f"--git-dir={path}"]
-    rev = subprocess.run(git + ["rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
-    archive = subprocess.run(git + ["archive", rev, "cosyvoice", YAML], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-    return tmp, rev
-
-
 def install_stubs() -> None:
     """Modules upstream imports at module level but never runs for TransformerLM."""
 
@@ -283,7 +268,7 @@ def main() -> None:
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        tree, rev = upstream_tree(args.upstream.resolve(), args.commit, Path(tmp))
+        tree, rev = source_tree(args.upstream.resolve(), args.commit, ["cosyvoice", YAML], Path(tmp))
         sys.path.insert(0, str(tree))
         install_stubs()
         torch.set_num_threads(2)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import sys
 import tempfile
 import types
@@ -52,27 +51,13 @@ REPO = Path(__file__).resolve().parents[3]
 OUT = REPO / "tests" / "data" / "cv3_upstream"
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
 from cosycompile.families.cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny  # noqa: E402
+from families.upstream_source import source_tree  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------
-def upstream_tree(path: Path, commit: str, tmp: Path) -> tuple[Path, str]:
-    """A folder holding upstream's ``cosyvoice/`` package, and the commit it came from."""
-    if (path / "cosyvoice" / "__init__.py").exists():
-        try:
-            rev = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            rev = "unknown (not a git checkout)"
-        return path, rev
-    git = ["git", f"--git-dir={path}"]
-    rev = subprocess.run(git + ["rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
-    archive = subprocess.run(git + ["archive", rev, "cosyvoice"], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-    return tmp, rev
-
-
 def install_stubs() -> None:
     """Modules upstream imports at module level but never runs on the paths used here."""
 
@@ -370,7 +355,7 @@ def main() -> None:
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        tree, rev = upstream_tree(args.upstream.resolve(), args.commit, Path(tmp))
+        tree, rev = source_tree(args.upstream.resolve(), args.commit, ["cosyvoice"], Path(tmp))
         sys.path.insert(0, str(tree))
         import_upstream()
         torch.set_num_threads(2)
