@@ -99,8 +99,8 @@ def export_program(module: Any, spec: Any, info: dict[str, Any]) -> tuple[Any, d
     Some networks make guards the exporter cannot prove over a spec's range (the flow encoder's
     ``(2n - 1) % n != 0`` on tokens, false only at n = 1); such dims are exported again as
     ``Dim.AUTO``, which holds from 2 up, and the graph's spec in ``graphs.json`` says so. A module
-    that names such dims itself (``export_from_two``) is exported that way at once: a failed attempt
-    traces the whole graph first, half of the export's time.
+    that names such dims itself (``export_from_two``) is exported that way at once, without the failed
+    attempt, which traces the whole graph first.
     """
     import inspect
     import re

@@ -289,7 +289,7 @@ def _speaker_embedding(wav16k: np.ndarray) -> np.ndarray:
 def _embed_utterance(encoder: Any, wav: np.ndarray) -> np.ndarray:
     """resemblyzer's ``VoiceEncoder.embed_utterance`` at its defaults, with the mel of
     :func:`~cosycompile.runtime.dsp.power_mel` in place of librosa's (the same numbers to float32
-    rounding): librosa's feature module costs over a second of imports in every process that scores."""
+    rounding), without importing librosa's feature module, a slow import for every process that scores."""
     import torch
     from resemblyzer import hparams
 

@@ -1,7 +1,8 @@
 """quality_speed.svg: per stage, the quality of a build against its speed-up over the FP32 reference.
 
-Written as SVG text by hand: a bundle gets its figure in milliseconds and with no plotting library,
-which used to cost every build over a second of imports and font loading for four small panels.
+Written as SVG text by hand: a bundle gets its figure without a plotting library, whose imports,
+fonts and layout every build used to pay for four small panels
+(docs/bench-log/2026-11-30-test-suite-imports-exports-and-workers.md).
 """
 
 from __future__ import annotations
