@@ -83,7 +83,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,6 +93,8 @@ from typing import Any, Callable
 
 import torch
 
+from upstream_source import source_tree
+
 REPO = Path(__file__).resolve().parents[1]
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
 MATCHA_COMMIT = "dd9105b34bf2be2230f4aa1e4769fb586a3c824e"
@@ -103,23 +104,6 @@ MATCHA_FOLDERS = ["matcha/__init__.py", "matcha/models/__init__.py", "matcha/mod
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------
-def source_tree(path: Path, commit: str, folders: list[str], tmp: Path) -> tuple[Path, str]:
-    """A folder holding ``folders`` of ``path`` (a source tree, or a git dir at ``commit``), and its commit."""
-    if all((path / f).exists() for f in folders):
-        try:
-            rev = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                 check=True).stdout.strip()
-        except (subprocess.CalledProcessError, FileNotFoundError):
-            rev = "unknown (not a git checkout)"
-        return path, rev
-    git = ["git", f"--git-dir={path}"]
-    rev = subprocess.run(git + ["rev-parse", commit], capture_output=True, text=True, check=True).stdout.strip()
-    tmp.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(git + ["archive", rev, *folders], capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
-    return tmp, rev
-
-
 def module(name: str, **attrs: object) -> types.ModuleType:
     """Register a stand-in module ``name`` holding ``attrs`` (and hang it on its parent, if registered)."""
     m = types.ModuleType(name)

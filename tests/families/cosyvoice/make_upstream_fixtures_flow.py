@@ -72,10 +72,10 @@ OUT = REPO / "tests" / "data" / "cv1_upstream"
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
 MATCHA_COMMIT = "dd9105b34bf2be2230f4aa1e4769fb586a3c824e"
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from cosycompile.families.cosyvoice.config import CosyVoiceConfig, cv1_300m, cv1_tiny  # noqa: E402
-from families.upstream_source import source_tree  # noqa: E402
+from upstream_source import source_tree  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------

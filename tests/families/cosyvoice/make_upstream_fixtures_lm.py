@@ -58,10 +58,10 @@ YAML = "examples/libritts/cosyvoice/conf/cosyvoice.yaml"
 CACHED_STEPS = 4
 GREEDY_TOKENS = 16
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from cosycompile.families.cosyvoice.config import EncoderConfig, LMConfig, cv1_tiny  # noqa: E402
-from families.upstream_source import source_tree  # noqa: E402
+from upstream_source import source_tree  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------

@@ -51,10 +51,10 @@ REPO = Path(__file__).resolve().parents[3]
 OUT = REPO / "tests" / "data" / "cv3_upstream"
 COMMIT = "ace7c47f41bbd303aa6bf1ea80e6f9fbd595cd40"
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 from cosycompile.families.cosyvoice3.config import CosyVoice3Config, cv3_0_5b, cv3_tiny  # noqa: E402
-from families.upstream_source import source_tree  # noqa: E402
+from upstream_source import source_tree  # noqa: E402
 
 
 # -- upstream on sys.path -------------------------------------------------------------------------

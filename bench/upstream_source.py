@@ -1,5 +1,6 @@
-"""Upstream's source for the scripts that record the family fixtures (``make_upstream_fixtures*.py``):
-the folders they import, taken from a source tree or exported from a git directory at a commit."""
+"""Upstream's source for the scripts that run upstream's own code (bench/upstream_cv1.py and the
+fixture recorders tests/families/*/make_upstream_fixtures*.py): the folders they import, taken from
+a source tree or exported from a git directory at a commit."""
 
 from __future__ import annotations
 
