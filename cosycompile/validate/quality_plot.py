@@ -84,7 +84,7 @@ def _panel(x0: float, title: str, qlabel: str, points: list[tuple[str, float, fl
         else:
             out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="5.5" fill="{color}">{tip}</circle>')
     if legend:
-        for i, (name, _, _, marker, color) in enumerate(dict.fromkeys((p[0], 0, 0, p[3], p[4]) for p in points)):
+        for i, (name, _, _, marker, color) in enumerate({p[0]: p for p in points}.values()):
             y = bottom - 10 - 15 * i
             mark = ("★" if marker == "star" else "■" if marker == "square" else "●")
             out.append(f'<text x="{left + 8}" y="{y}" fill="{"black" if marker == "star" else color}">{mark}</text>')
