@@ -228,13 +228,12 @@ def test_a_bad_key_is_one_line_naming_file_and_key(name: str, fault: str, stage:
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_cli_build_on_a_bad_checkpoint_exits_2_naming_file_and_key(name: str, tmp_path: Path) -> None:
+def test_cli_build_on_a_bad_checkpoint_exits_2_naming_file_and_key(name: str, tiny_dir: Any, tmp_path: Path) -> None:
     """The family's tiny model dir with one LM tensor of the wrong shape: ``cosycompile build`` exits 2
     with one line naming the checkpoint file and the key, before any step runs."""
     import torch
 
-    info = family_infos()[name]
-    d = info.hook("init_model")(f"builtin:{info.tiny_builtin}", tmp_path / "model", seed=0)
+    d = shutil.copytree(tiny_dir(name), tmp_path / "model")
     weights = torch.load(d / "llm.pt", map_location="cpu", weights_only=True)
     key = sorted(k for k, v in weights.items() if v.ndim == 2)[0]
     weights[key] = torch.zeros(3)
