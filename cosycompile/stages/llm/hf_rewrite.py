@@ -43,6 +43,8 @@ SGLANG_PLUGIN_DIR = "sglang_plugin"
 TRTLLM_PLUGIN_DIR = "trtllm_plugin"
 MODEL_CLASS = "CosyVoiceLMForCausalLM"
 TOKEN_MAP_FILE = "cosycompile_llm.json"
+# Beside a quantized checkpoint (not in it): a prompt and the quantized reference's greedy tokens from it.
+REFERENCE_DECODE_FILE = "reference_decode.json"
 # In a folder of its own: servers load every *.safetensors at the top of a checkpoint dir as weights
 # (vLLM refused the dir: "no module or parameter named 'sos'").
 PREFIX_FILE = "prefix/prefix_embeddings.safetensors"
