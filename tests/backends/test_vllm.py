@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cosycompile.backends.vllm import PYTHON_ENV, Options, build_problem
-from cosycompile.backends.vllm.build import compare, load_options, serve_command
+from cosycompile.backends.vllm.build import compare, load_options, root_cause, serve_command
 from cosycompile.core.targets import TARGETS
 from helpers import REPO, run_cli, until_outputs
 
@@ -55,6 +55,21 @@ def test_compare_counts_the_identical_prefix_and_the_logprob_error() -> None:
     missing = compare({"tokens": [5, 6, 7, 8], "first_logprobs": {"5": -1.0, "9": None}}, ref)
     assert missing["equal"] and missing["max_abs_logprob_error"] is None
     assert compare({"tokens": [1], "first_logprobs": {}}, None) == {}
+
+
+def test_a_failed_vllm_run_is_reported_by_the_error_it_ended_on() -> None:
+    worker = ["(Worker pid=837) ERROR 11-30 08:50:12 [multiproc_executor.py:1063] Traceback (most recent call last):",
+              "(Worker pid=837) ERROR 11-30 08:50:12 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU "
+              "attention configuration: head_dim=16",
+              "(EngineCore pid=1) ERROR 11-30 08:50:13 [core.py:1] RuntimeError: Worker failed with error "
+              "'Unsupported CPU attention configuration: head_dim=16'",
+              "Traceback (most recent call last):",
+              "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+              "/usr/lib/python3.11/multiprocessing/resource_tracker.py:254: UserWarning: leaked shared_memory"]
+    assert root_cause(worker) == "RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: head_dim=16'"
+    assert root_cause(["Traceback (most recent call last):", '  File "x.py"', "ValueError: no such model"]) == \
+        "ValueError: no such model"
+    assert root_cause(["killed"]) == "killed" and root_cause([]) == "(no output)"
 
 
 @pytest.mark.vllm

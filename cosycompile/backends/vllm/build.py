@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +23,8 @@ OPTIONS_FILE = "vllm_options.json"
 SMOKE = Path(__file__).with_name("smoke.py")
 INSTALL_SECONDS = 300
 SMOKE_SECONDS = 1800  # a 0.5B load and decode on a 2-vCPU machine takes minutes
+OWN_ERROR = re.compile(r"^[\w.]+(Error|Exception): ")  # a traceback's last line
+WORKER_ERROR = re.compile(r"\] [\w.]+(Error|Exception): ")  # the same, in vLLM's log format
 
 
 def load_options(options: Options, architecture: str, tokenizer: bool) -> dict[str, Any]:
@@ -55,9 +58,18 @@ def _run(argv: list[str], env: dict[str, str], timeout: int) -> str:
     except subprocess.TimeoutExpired as e:
         raise BackendUnavailable(f"{Path(argv[1]).name}: no answer within {timeout} s") from e
     if res.returncode != 0:
-        tail = (res.stdout + res.stderr).strip().splitlines()[-15:]
-        raise BackendUnavailable(f"vLLM ({argv[0]}) failed with exit status {res.returncode}:\n" + "\n".join(tail))
+        lines = (res.stdout + res.stderr).strip().splitlines()
+        raise BackendUnavailable(f"vLLM ({argv[0]}) failed with exit status {res.returncode}: {root_cause(lines)}")
     return res.stdout
+
+
+def root_cause(lines: list[str]) -> str:
+    """The error a failed vLLM run ended on. Its engine runs in worker processes whose traceback is
+    logged (``ERROR ... ] RuntimeError: ...``) before the parent's own, which only says the engine
+    died; the last line of the output otherwise."""
+    worker = [ln.split("] ", 1)[-1] for ln in lines if " ERROR " in ln and WORKER_ERROR.search(ln)]
+    own = [ln for ln in lines if OWN_ERROR.match(ln) and "EngineDeadError" not in ln]
+    return (worker or own or lines or ["(no output)"])[-1].strip()
 
 
 def _env(site: Path, target: Target) -> dict[str, str]:

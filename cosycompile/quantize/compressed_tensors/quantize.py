@@ -5,10 +5,10 @@ Outputs (the step's data dir):
 - ``hf/``: the vocabulary-merge rewrite (``stages/llm/hf_rewrite.py``), its decoder-layer Linears
   as INT8 ``weight`` + ``weight_scale`` and ``config.json``'s ``quantization_config`` in
   compressed-tensors form (``w8a8.py``), loaded by vLLM through the dir's plug-in;
-- ``reference_decode.json``: a prompt, the tokens the quantized reference decodes greedily from it
-  (the LM with :class:`~cosycompile.quantize.compressed_tensors.w8a8.W8A8Linear` layers) and its
-  first step's most likely ids with their log-probabilities, which the vLLM backend's build decodes
-  and compares;
+- ``reference_decode.json``: a prompt, the ids the quantized reference decodes greedily from it (the
+  rewrite with :class:`~cosycompile.quantize.compressed_tensors.w8a8.W8A8Linear` layers, decoding as a
+  server does) and its first step's most likely ids with their log-probabilities, which the vLLM
+  backend's build decodes and compares;
 - ``graphs.json`` (no graphs; ``checkpoint: hf``) and ``quantization.json``.
 """
 
@@ -68,18 +68,41 @@ def exclusion_preflight(model_dir_or_builtin: Any, patterns: list[str]) -> None:
     layer_plan(family.hook("llm_quant_target")(family.hook("meta_network")(source, "llm")), patterns)
 
 
-def reference_decode(lm: Any, tmap: Any) -> dict[str, Any]:
-    """A fixed prompt (text ids, no prompt speech) and ``lm``'s greedy tokens from it, as merged ids."""
+def greedy_decode(model: Any, prompt_ids: list[int], stop_ids: list[int], min_tokens: int, max_tokens: int,
+                  ) -> list[int]:
+    """The ids ``model`` (an HF rewrite) decodes greedily after ``prompt_ids`` as a server does with
+    ``min_tokens``: every stop id masked until then, decoding ending at one (not returned) or after
+    ``max_tokens``."""
+    import torch
+
+    ids, past, out = torch.tensor([prompt_ids]), None, []
+    with torch.no_grad():
+        for i in range(max_tokens):
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, logits = res.past_key_values, res.logits[0, -1].clone()
+            if i < min_tokens:
+                logits[stop_ids] = float("-inf")
+            tok = int(logits.argmax())
+            if tok in stop_ids:
+                break
+            out.append(tok)
+            ids = torch.tensor([[tok]])
+    return out
+
+
+def reference_decode(model: Any, tmap: Any) -> dict[str, Any]:
+    """A fixed prompt (text ids drawn below the text vocabulary, no prompt speech), the ids ``model``
+    (the quantized reference as an HF rewrite) decodes greedily from it, and its first step's most
+    likely ids with their log-probabilities."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
-    text = torch.randint(0, min(tmap.text_vocab, 4096), (1, REFERENCE_TEXT_IDS), generator=gen)
-    tokens = lm.inference(text, sampling="greedy", max_tokens=REFERENCE_MAX_TOKENS)
-    n = text.shape[1]
-    return {"prompt_ids": tmap.prompt_ids(text[0].tolist()), "stop_ids": tmap.stop_ids,
-            "min_tokens": int(n * tmap.min_token_text_ratio),
-            "max_tokens": min(int(n * tmap.max_token_text_ratio), REFERENCE_MAX_TOKENS),
-            "tokens": [tmap.speech_id(t) for t in tokens]}
+    text = torch.randint(0, min(tmap.text_vocab, 4096), (REFERENCE_TEXT_IDS,), generator=gen).tolist()
+    prompt = tmap.prompt_ids(text)
+    n = len(text)
+    decode = {"prompt_ids": prompt, "stop_ids": tmap.stop_ids, "min_tokens": int(n * tmap.min_token_text_ratio),
+              "max_tokens": min(int(n * tmap.max_token_text_ratio), REFERENCE_MAX_TOKENS)}
+    return {**decode, "tokens": greedy_decode(model, **decode), "first_logprobs": first_logprobs(model, prompt)}
 
 
 def first_logprobs(model: Any, prompt_ids: list[int], top: int = REFERENCE_LOGPROBS) -> dict[str, float]:
@@ -136,12 +159,8 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     finish_dir(out, lm, models.config, tmap, tokenizer, "float32", quant)
 
-    # The reference computes what the checkpoint says: the LM for the tokens, its rewrite for the
-    # first step's log-probabilities (over the merged vocabulary, as a server reports them).
-    quantize_reference(target.module, keep, qmax)
-    quantize_reference(model, keep, qmax)
-    ref = reference_decode(lm, tmap)
-    ref["first_logprobs"] = first_logprobs(model, ref["prompt_ids"])
+    quantize_reference(model, keep, qmax)  # the rewrite now computes what the checkpoint says
+    ref = reference_decode(model, tmap)
     (ctx.out / REFERENCE_DECODE_FILE).write_text(json.dumps(ref, indent=1))
     info = dict(stage_parts(models)[2], family=models.family, precision=s.format, checkpoint="hf")
     GraphsDir(ctx.out, "llm", {}, {}, info).write()
