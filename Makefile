@@ -48,7 +48,8 @@ $(VLLM_STAMP): constraints.txt
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-# The HF checkpoint of builtin:tiny loaded by that vLLM through the shipped plug-in (tests marked vllm).
+# The HF checkpoints of builtin:tiny (FP32, and INT8 through the vllm backend) loaded by that vLLM through
+# the shipped plug-in (tests marked vllm).
 test-vllm: install $(VLLM_STAMP)
 	COSYCOMPILE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm -p no:cacheprovider
 

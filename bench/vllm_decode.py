@@ -9,14 +9,20 @@ loaded once in a worker process of the vLLM venv and kept warm); ms/token is the
 ratios (vLLM / ONNX Runtime) with its range, and the quality of the same decodes: how many of vLLM's
 tokens equal the engine's (the engine's are the reference's: its check gates that).
 
+With ``--int8``: the ONNX Runtime engine of ``recipes/cpu-int8.yaml`` (SmoothQuant W8A8) against
+vLLM on the ``int8_dyn`` checkpoint of ``recipes/vllm-cpu-int8.yaml`` (per-token W8A8), and vLLM's
+tokens are also compared with that checkpoint's quantized reference on the same prompt (the two
+INT8 schemes differ, so agreement with the other engine is not their quality).
+
 Usage: python bench/vllm_decode.py [--model builtin:tiny] [--tokens 100] [--pairs 5] [--threads 2]
-       [--vllm-python .venv-vllm/bin/python] [--artifacts artifacts]
-Writes ``<artifacts>/bench/vllm_decode-<model>.json`` and prints a Markdown table.
+       [--int8] [--vllm-python .venv-vllm/bin/python] [--artifacts artifacts]
+Writes ``<artifacts>/bench/vllm_decode-<model>[-int8].json`` and prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import queue
@@ -93,12 +99,32 @@ class Worker:
             self.proc.kill()
 
 
+def identical_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def quantized_reference_tokens(models: Any, quantize_dir: Path, prompt_ids: list[int], stop_ids: list[int],
+                               tokens: int) -> list[int]:
+    """The int8_dyn quantized reference's greedy ids after ``prompt_ids``, exactly ``tokens`` of them
+    (stop ids masked, as vLLM's ``min_tokens`` does), with the quantize step's weight range and kept layers."""
+    from cosycompile.quantize.compressed_tensors.quantize import greedy_decode
+    from cosycompile.quantize.compressed_tensors.w8a8 import quantize_reference
+    from cosycompile.stages.llm.hf_rewrite import rewrite_model, token_map
+
+    meta = json.loads((quantize_dir / "quantization.json").read_text())
+    model = rewrite_model(copy.deepcopy(models.llm), token_map(models.config, None, models.family))
+    quantize_reference(model, tuple(n for n in meta["ignore"] if n != "lm_head"), meta["weight_qmax"])
+    return greedy_decode(model, prompt_ids, stop_ids, tokens, tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="builtin:tiny")
     ap.add_argument("--tokens", type=int, default=100)
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2, help="the ONNX Runtime engine's intra-op threads")
+    ap.add_argument("--int8", action="store_true", help="INT8 on both sides (cpu-int8 engine, int8_dyn checkpoint)")
     ap.add_argument("--vllm-python", default=os.environ.get("COSYCOMPILE_VLLM_PYTHON",
                                                             str(REPO / ".venv-vllm" / "bin" / "python")))
     ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts")
@@ -106,26 +132,33 @@ def main() -> None:
     if not Path(args.vllm_python).is_file():
         sys.exit(f"no vLLM venv at {args.vllm_python}: run `make test-vllm` (it builds one)")
 
-    import copy
-
     from cosycompile.families import load_models
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Prompt, Sampling
     from cosycompile.stages.llm.hf_rewrite import VLLM_PLUGIN_DIR, token_map, write_hf_rewrite
 
-    tag = args.model.replace("builtin:", "")
-    dirs = build_steps({"extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "model": args.model,
-                        "stages": {"flow": {"enabled": False}, "hift": {"enabled": False}}},
-                       f"bench-vllm-{tag}", ["model", "llm.engine"], args.artifacts)
+    tag = args.model.replace("builtin:", "") + ("-int8" if args.int8 else "")
+    only_llm = {"flow": {"enabled": False}, "hift": {"enabled": False}}
+    dirs = build_steps({"extends": str(REPO / "recipes" / ("cpu-int8.yaml" if args.int8 else "cpu-fp32.yaml")),
+                        "model": args.model, "stages": only_llm}, f"bench-vllm-{tag}", ["model", "llm.engine"],
+                       args.artifacts)
     model_dir = dirs["model"]
     engine = stage_runtime("llm", dirs["llm.engine"], args.threads)
     text_ids = Frontend(model_dir).text_ids(TEXT)
     models = load_models(model_dir, ("llm",))
     tmap = token_map(models.config, None, models.family)
+    reference = None
     with tempfile.TemporaryDirectory(prefix="vllm-decode-") as tmp:
         rewrite, site = Path(tmp) / "hf", Path(tmp) / "site"
-        write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, rewrite, "float32")
+        if args.int8:
+            q = build_steps({"extends": str(REPO / "recipes" / "vllm-cpu-int8.yaml"), "model": args.model,
+                             "stages": only_llm}, f"bench-vllm-{tag}-q", ["llm.quantize"], args.artifacts)
+            rewrite = q["llm.quantize"] / "hf"
+            ids = tmap.prompt_ids([int(i) for i in text_ids])
+            reference = quantized_reference_tokens(models, q["llm.quantize"], ids, tmap.stop_ids, args.tokens)
+        else:
+            write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, rewrite, "float32")
         del models
         subprocess.run([args.vllm_python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
                         "--target", str(site), str(rewrite / VLLM_PLUGIN_DIR)], check=True, capture_output=True,
@@ -147,7 +180,9 @@ def main() -> None:
                 pairs.append({"ort_ms_per_token": 1000 * ort_s / max(len(ort_tokens), 1),
                               "vllm_ms_per_token": 1000 * got["seconds"] / max(len(vllm_tokens), 1),
                               "ort_tokens": len(ort_tokens), "vllm_tokens": len(vllm_tokens),
-                              "identical": int(sum(a == b for a, b in zip(ort_tokens.tolist(), vllm_tokens)))})
+                              "identical": int(sum(a == b for a, b in zip(ort_tokens.tolist(), vllm_tokens))),
+                              **({"identical_prefix_vs_quantized_reference": identical_prefix(got["tokens"], reference),
+                                  "quantized_reference_tokens": len(reference)} if reference is not None else {})})
                 print(f"pair {i + 1}/{args.pairs}: ONNX Runtime {pairs[-1]['ort_ms_per_token']:.2f} ms/token, "
                       f"vLLM {pairs[-1]['vllm_ms_per_token']:.2f} ms/token", file=sys.stderr, flush=True)
         finally:
@@ -160,6 +195,7 @@ def main() -> None:
         "vllm_ms_per_token": statistics.median(p["vllm_ms_per_token"] for p in pairs),
         "vllm_over_ort": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
         "identical_tokens": min(p["identical"] for p in pairs), "compared_tokens": min(p["ort_tokens"] for p in pairs),
+        "int8": args.int8,
     }
     out = args.artifacts / "bench" / f"vllm_decode-{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -169,6 +205,9 @@ def main() -> None:
           f"|---|---|---|---|---|\n| {args.model} | {summary['ort_ms_per_token']:.2f} | "
           f"{summary['vllm_ms_per_token']:.2f} | {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f}, {args.pairs} pairs) | "
           f"{summary['identical_tokens']} of {summary['compared_tokens']} |")
+    if reference is not None:
+        same = min(p["identical_prefix_vs_quantized_reference"] for p in pairs)
+        print(f"vLLM's greedy tokens equal the int8_dyn quantized reference's for the first {same} of {len(reference)}")
 
 
 if __name__ == "__main__":
