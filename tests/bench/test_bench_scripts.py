@@ -210,6 +210,23 @@ def test_vllm_decode_times_both_sides_with_their_tokens(tmp_path: Path) -> None:
     assert "| builtin:tiny |" in res.stdout
 
 
+@pytest.mark.vllm
+def test_vllm_decode_int8_follows_its_quantized_reference(tmp_path: Path) -> None:
+    """--int8: vLLM on the int8_dyn checkpoint beside cpu-int8's engine; vLLM's tokens are those of the
+    checkpoint's quantized reference (the two INT8 engines need not agree with each other)."""
+    import os
+
+    python = os.environ.get("COSYCOMPILE_VLLM_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
+    res = _bench("vllm_decode.py", "--int8", "--tokens", "12", "--pairs", "1", "--vllm-python", python,
+                 "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads((tmp_path / "bench" / "vllm_decode-tiny-int8.json").read_text())
+    (pair,) = out["pairs"]
+    assert out["int8"] and pair["vllm_tokens"] == pair["quantized_reference_tokens"] == 12
+    assert pair["identical_prefix_vs_quantized_reference"] == 12
+    assert "equal the int8_dyn quantized reference's for the first 12 of 12" in res.stdout
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_pipeline_profile_splits_graph_time_from_the_rest(followup: CachedBuild, tmp_path: Path, stream: bool) -> None:
     """bench/pipeline_profile.py on the session's built bundle: the engines' ONNX Runtime calls are the
