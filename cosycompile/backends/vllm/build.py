@@ -156,6 +156,6 @@ def build(src: Path, options: Options, target: Target, out: Path, cache_dir: Pat
 
 
 def load(engine_dir: Path, threads: int) -> dict[str, Any]:
-    """vLLM engines are not run in-process by the checks (see ``run_problem``)."""
-    raise BackendUnavailable(f"{engine_dir}: vLLM engines are served (engine.json's serve_command), "
-                             "not loaded by cosycompile's checks")
+    """vLLM engines are not run in-process (checks, synthesize, the CPU Triton repository)."""
+    raise BackendUnavailable(f"{engine_dir}: vLLM engines are served (engine.json's serve_command); "
+                             "cosycompile does not run them in-process")
