@@ -65,6 +65,11 @@ def render_markdown(report: dict[str, Any], title: str = "") -> str:
                         [[s, st.get("backend"), st.get("precision", "fp32"), "FAIL" if s in failed else "pass"]
                          for s, st in stages.items()])
         lines.append("")
+        smokes = {s: st["smoke"] for s, st in stages.items() if st.get("smoke")}
+        if smokes:
+            lines += ["## Smoke decodes of the built engines (by their own servers, at build time)", ""]
+            lines += _table(["stage", "field", "value"], [[s, k, v] for s, smoke in smokes.items()
+                                                           for k, v in sorted(smoke.items())]) + [""]
     lines += ["## Stage checks against the PyTorch FP32 reference", ""]
     rows = []
     for s, c in checks.items():

@@ -10,7 +10,11 @@ import json
 from typing import Any
 
 from cosycompile.core.graph import StepContext
+from cosycompile.runtime.loading import read_passport
 from cosycompile.validate.report import REPORT_SCHEMA, render_markdown
+
+# What a smoke decode records that is evidence, not its raw material.
+_SMOKE_RAW = ("tokens", "prompt", "first_logprobs")
 
 
 def run(ctx: StepContext) -> dict[str, Any]:
@@ -29,6 +33,12 @@ def run(ctx: StepContext) -> dict[str, Any]:
                  "findings": [{"metric": "validation", "value": None, "limit": 0.0, "rule": "run",
                                "shortfall": f"built, not validated here ({why})"}]},
     }
+    # What the engine builds checked themselves (a checkpoint server's smoke decode) is all the
+    # evidence such a bundle has: the report shows it.
+    for s in p["stages"]:
+        smoke = read_passport(ctx.inputs[f"{s}.engine"]).get("smoke")
+        if smoke:
+            report["stages"][s]["smoke"] = {k: v for k, v in smoke.items() if k not in _SMOKE_RAW}
     (ctx.out / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
     (ctx.out / "report.md").write_text(render_markdown(report, title="cosycompile build report: built, not validated here"))
     ctx.log(f"built, not validated here: {why}")

@@ -91,6 +91,13 @@ def test_real_vllm_runs_the_int8_checkpoint_as_the_quantized_reference_does(tmp_
     assert smoke["reference_tokens"] > 30 and smoke["equal"], smoke
     assert smoke["max_abs_logprob_error"] < 1e-5, smoke
     assert passport["quantization"]["quant_method"] == "compressed-tensors"
+    # The bundle (the checks do not run vLLM) shows that smoke as its LLM's evidence.
+    done = run_cli("build", str(RECIPE), "--allow-unvalidated", "--artifacts", str(tmp_path / "a"), "-q")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (bundle,) = (tmp_path / "a" / "builds").glob("vllm-cpu-int8-*")
+    stages = json.loads((bundle / "report.json").read_text())["stages"]
+    assert stages["llm"]["smoke"]["equal"] is True and "tokens" not in stages["llm"]["smoke"]
+    assert "| llm   | identical_prefix" in (bundle / "report.md").read_text()
     # The same ids under the FP32 model: further from vLLM's than the quantization's own error, so
     # vLLM ran the INT8 layers (the tiny model's greedy tokens alone do not tell the two apart).
     model_dir = tmp_path / "tiny"
