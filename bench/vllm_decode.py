@@ -99,11 +99,6 @@ class Worker:
             self.proc.kill()
 
 
-def identical_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def quantized_reference_tokens(models: Any, quantize_dir: Path, prompt_ids: list[int], stop_ids: list[int],
                                tokens: int) -> list[int]:
     """The int8_dyn quantized reference's greedy ids after ``prompt_ids``, exactly ``tokens`` of them
@@ -136,7 +131,8 @@ def main() -> None:
     from cosycompile.runtime.frontend import Frontend
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Prompt, Sampling
-    from cosycompile.stages.llm.hf_rewrite import VLLM_PLUGIN_DIR, token_map, write_hf_rewrite
+    from cosycompile.backends.vllm.build import identical_prefix, install_plugin
+    from cosycompile.stages.llm.hf_rewrite import token_map, write_hf_rewrite
 
     tag = args.model.replace("builtin:", "") + ("-int8" if args.int8 else "")
     only_llm = {"flow": {"enabled": False}, "hift": {"enabled": False}}
@@ -160,9 +156,7 @@ def main() -> None:
         else:
             write_hf_rewrite(copy.deepcopy(models.llm), models.config, model_dir, rewrite, "float32")
         del models
-        subprocess.run([args.vllm_python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", str(site), str(rewrite / VLLM_PLUGIN_DIR)], check=True, capture_output=True,
-                       timeout=300)
+        install_plugin(args.vllm_python, rewrite, site)
         worker = Worker(args.vllm_python, rewrite, site)
         req = {"ids": tmap.prompt_ids([int(i) for i in text_ids]), "max_tokens": args.tokens,
                "min_tokens": args.tokens, "stop": tmap.stop_ids}

@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from cosycompile.families.cosyvoice2.loader import load_models
-from cosycompile.stages.llm.hf_rewrite import TOKEN_MAP_FILE, VLLM_PLUGIN_DIR, token_map, write_hf_rewrite
+from cosycompile.backends.vllm.build import SMOKE, install_plugin
+from cosycompile.stages.llm.hf_rewrite import TOKEN_MAP_FILE, token_map, write_hf_rewrite
 from cosycompile.stages.llm.vllm_model import ARCHITECTURE
 from helpers import REPO
 
@@ -29,7 +30,6 @@ TEXT = [5, 77, 300, 12, 9, 40, 101]
 PROMPT_TEXT = [33, 44]
 PROMPT_SPEECH = [10, 200, 6000, 3]
 MAX_TOKENS = 40
-DRIVER = Path(__file__).with_name("vllm_driver.py")
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +49,7 @@ def case(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_py
     out = root / "hf"
     write_hf_rewrite(copy.deepcopy(models.llm), models.config, tiny_model_dir, out, "float32")
     site = root / "site"
-    # --no-build-isolation: the venv's setuptools builds it, nothing is fetched.
-    subprocess.run([vllm_python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
-                    str(site), str(out / VLLM_PLUGIN_DIR)], check=True, capture_output=True, timeout=300)
+    install_plugin(vllm_python, out, site)
     tmap = token_map(models.config, None, "cosyvoice2")
     ref = models.llm.inference(torch.tensor([TEXT]), torch.tensor([PROMPT_TEXT]), torch.tensor([PROMPT_SPEECH]),
                                sampling="greedy", max_tokens=MAX_TOKENS)
@@ -61,15 +59,19 @@ def case(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, vllm_py
 
 def _vllm(python: str, case: dict[str, Any], architecture: str | None, plugin: bool) -> tuple[dict | None, str]:
     tmap = case["tmap"]
-    req = {"model": str(case["dir"]), "ids": case["ids"], "stop": tmap.stop_ids, "architecture": architecture,
+    # An explicit KV cache size: on the CPU backend gpu_memory_utilization is a share of the NUMA node's
+    # RAM minus what the process already holds, which goes negative on a machine with a small node.
+    options = {"skip_tokenizer_init": True, "dtype": "float32", "enforce_eager": True, "max_model_len": 512,
+               "kv_cache_memory_bytes": 64 * 2**20,
+               "hf_overrides": {"architectures": [architecture]} if architecture else None}
+    req = {"model": str(case["dir"]), "options": options, "prompt_ids": case["ids"], "stop_ids": tmap.stop_ids,
            "max_tokens": min(int(len(TEXT) * tmap.max_token_text_ratio), MAX_TOKENS),
-           "min_tokens": int(len(TEXT) * tmap.min_token_text_ratio), "logprob_ids": case["ref"][:1],
-           "dtype": "float32"}
+           "min_tokens": int(len(TEXT) * tmap.min_token_text_ratio), "logprob_ids": case["ref"][:1]}
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["VLLM_TARGET_DEVICE"] = "cpu"
     if plugin:
         env["PYTHONPATH"] = str(case["site"])
-    res = subprocess.run([python, str(DRIVER), json.dumps(req)], capture_output=True, text=True, env=env, timeout=600)
+    res = subprocess.run([python, str(SMOKE), json.dumps(req)], capture_output=True, text=True, env=env, timeout=600)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
     return (json.loads(line[len("RESULT "):]) if line else None), res.stdout + res.stderr
 

@@ -95,13 +95,28 @@ def smoke_request(src: Path, tmap: dict[str, Any]) -> tuple[dict[str, Any], dict
             "min_tokens": 0, "max_tokens": 4, "logprob_ids": []}, None
 
 
+def install_plugin(python: str, checkpoint: Path, site: Path) -> None:
+    """Install ``checkpoint``'s vLLM plug-in into ``site`` with vLLM's Python; ``site`` then goes on
+    that Python's PYTHONPATH (its entry point registers the model class in every vLLM process)."""
+    from cosycompile.stages.llm.hf_rewrite import VLLM_PLUGIN_DIR
+
+    # --no-build-isolation: vLLM's environment builds the plug-in with its own setuptools, fetching nothing.
+    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site),
+          str(checkpoint / VLLM_PLUGIN_DIR)], dict(os.environ), INSTALL_SECONDS)
+
+
+def identical_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def compare(smoke: dict[str, Any], reference: dict[str, Any] | None) -> dict[str, Any]:
     """How far vLLM's greedy tokens and first-step log-probabilities follow the reference's; an id
     missing from vLLM's top 20 counts as an infinite error (written None)."""
     if reference is None:
         return {}
     tokens, ref = smoke["tokens"], reference["tokens"]
-    same = next((i for i, (a, b) in enumerate(zip(tokens, ref)) if a != b), min(len(tokens), len(ref)))
+    same = identical_prefix(tokens, ref)
     errors = [abs(smoke["first_logprobs"][i] - v) if smoke["first_logprobs"].get(i) is not None else None
               for i, v in reference["first_logprobs"].items()]
     return {"reference_tokens": len(ref), "identical_prefix": same,
@@ -111,7 +126,7 @@ def compare(smoke: dict[str, Any], reference: dict[str, Any] | None) -> dict[str
 
 def build(src: Path, options: Options, target: Target, out: Path, cache_dir: Path | None = None) -> dict[str, Any]:
     """Graphs dir with the rewrite in ``hf/`` (export or quantize step) -> vLLM engine dir."""
-    from cosycompile.stages.llm.hf_rewrite import REFERENCE_DECODE_FILE, TOKEN_MAP_FILE, VLLM_PLUGIN_DIR
+    from cosycompile.stages.llm.hf_rewrite import REFERENCE_DECODE_FILE, TOKEN_MAP_FILE
     from cosycompile.stages.llm.vllm_model import ARCHITECTURE
 
     problem = build_problem(target, options)
@@ -128,9 +143,7 @@ def build(src: Path, options: Options, target: Target, out: Path, cache_dir: Pat
         raise ModelError(f"stages.llm.engine.backend: vllm cannot load this checkpoint: {note['vllm']['why']}")
     ckpt, site = out / CHECKPOINT, out / SITE
     shutil.copytree(hf, ckpt, copy_function=link_or_copy)
-    # --no-build-isolation: vLLM's environment builds the plug-in with its own setuptools, fetching nothing.
-    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(site),
-          str(ckpt / VLLM_PLUGIN_DIR)], dict(os.environ), INSTALL_SECONDS)
+    install_plugin(python, ckpt, site)
     tokenizer = any((ckpt / f).is_file() for f in ("tokenizer.json", "vocab.json"))
     opts = load_options(options, ARCHITECTURE, tokenizer)
     (out / OPTIONS_FILE).write_text(json.dumps(opts, indent=1, sort_keys=True))
