@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cosycompile.cache.claims import GC_AGE_S
 from cosycompile.cache.local import ENTRY_FILE, CorruptEntry, Store, read_entry
 from cosycompile.cache.remote import RemoteCache, RemoteCorrupt
 from cosycompile.core.bounded_read import MAX_MANIFEST_BYTES, read_text
@@ -146,13 +147,15 @@ class RemoteGCResult(GCResult):
 
     removed_blobs: int = 0
     young_blobs: int = 0  # unreferenced, but within BLOB_GRACE_S: maybe a push under way
+    removed_claims: int = 0  # left by builds killed while they held them
 
 
 def collect_remote(remote: RemoteCache, older_than: float, pins: set[str], dry_run: bool = False,
                    now: float | None = None) -> RemoteGCResult:
     """The retention rule of a shared remote: action entries published more than ``older_than``
     seconds ago are removed unless ``pins`` (the step keys of bundles to keep) names them; then
-    every blob that no remaining entry names and that is older than :data:`BLOB_GRACE_S`.
+    every blob that no remaining entry names and that is older than :data:`BLOB_GRACE_S`; then every
+    claim no heartbeat has rewritten for :data:`~cosycompile.cache.claims.GC_AGE_S`.
 
     Entries go first, so no remaining entry ever names a removed blob. A remote has no cheap
     "last used" time (a pull is a read), so age is time since publication: a step still in use is
@@ -189,4 +192,9 @@ def collect_remote(remote: RemoteCache, older_than: float, pins: set[str], dry_r
             remote.remove("cas", sha)
         res.removed_blobs += 1
         res.removed_bytes += size
+    for name, (_, modified) in sorted(remote.listing("claims").items()):
+        if now - modified > GC_AGE_S:
+            if not dry_run:
+                remote.remove("claims", name)
+            res.removed_claims += 1
     return res

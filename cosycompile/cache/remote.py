@@ -26,6 +26,8 @@ there. A pull downloads the blobs into a local staging dir, checks each one's si
 commits through :class:`Store` like a step that ran here, so a pulled entry is as trustworthy as a
 built one. Keys hash a step's inputs, so the remote is trusted to map a key to a correct output
 (as with any shared build cache); verification guards against corruption, not against writers.
+Claims (:mod:`cosycompile.cache.claims`, under ``<url>/claims/``) only save work: machines that miss
+the same key at once build it once; correctness never depends on them.
 
 Nothing here imports fsspec until a remote call is made: a fully cached build never touches it.
 """
@@ -50,6 +52,7 @@ from cosycompile.errors import UserError
 
 ENV_VAR = "COSYCOMPILE_CACHE_REMOTE"
 _SHA = re.compile(r"[0-9a-f]{64}")
+_CLAIM = re.compile(r"\d{8}\.json")  # cache.claims names each generation so
 
 # Per request (botocore): a connection must open within CONNECT_TIMEOUT_S and every socket read must
 # return within READ_TIMEOUT_S; a stalled transfer is given up then, not after botocore's 60 s.
@@ -365,11 +368,69 @@ class RemoteCache:
             raise
         return True
 
+    # -- small objects beside the cache (claims) ------------------------------------------
+    def _path(self, rel: str) -> str:
+        return f"{self._open()[1]}/{rel}"
+
+    def create_object(self, rel: str, data: bytes) -> bool:
+        """Write ``rel`` (a path under the remote's root) only if absent; False when it exists."""
+        with self._operation():
+            return self._create(self._path(rel), data)
+
+    def put_object(self, rel: str, data: bytes) -> None:
+        """Write ``rel`` whole, replacing what is there (readers see the old or the new bytes)."""
+        path = self._path(rel)
+        with self._operation():
+            if self._local:
+                self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+                tmp = f"{path}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+                Path(tmp).write_bytes(data)
+                os.replace(tmp, path)
+                return
+            self._call(self.fs.pipe_file, path, data)
+
+    def read_object(self, rel: str) -> bytes | None:
+        """The bytes of ``rel``, or None if it does not exist."""
+        with self._operation():
+            try:
+                return bytes(self._call(self.fs.cat_file, self._path(rel)))
+            except FileNotFoundError:
+                return None
+
+    def list_folder(self, rel: str) -> dict[str, float]:
+        """Name -> last modified (epoch seconds) of every object in folder ``rel``, read afresh
+        (not from fsspec's listing cache); empty if there is none."""
+        path = self._path(rel)
+        with self._operation():
+            try:
+                found = self._call(self.fs.ls, path, detail=True, refresh=True)
+            except FileNotFoundError:
+                return {}
+        return {PurePosixPath(info["name"]).name: _modified(info) for info in found
+                if info.get("type") != "directory" and ".tmp." not in PurePosixPath(info["name"]).name}
+
+    def remove_object(self, rel: str) -> None:
+        """Delete ``rel``; nothing happens if it is gone already."""
+        with self._operation():
+            try:
+                self._call(self.fs.rm_file, self._path(rel))
+            except FileNotFoundError:
+                pass
+
+    def claim(self, store: Store, key: str, step: str, waiting: Any) -> Any:
+        """Hold the right to build ``key``, or wait until another machine has built it (see
+        :mod:`cosycompile.cache.claims`): a :class:`~cosycompile.cache.claims.Claim` to release after
+        the push, or None once the entry is pulled into ``store``."""
+        from cosycompile.cache.claims import acquire
+
+        return acquire(self, store, key, step, waiting)
+
     # -- listing and removal (cache gc) --------------------------------------------------
     def listing(self, kind: str) -> dict[str, tuple[int, float]]:
-        """Every object under ``ac/`` (named by key) or ``cas/`` (by sha256): name -> (bytes, last
-        modified, seconds since the epoch). Other names (a local push's temporaries) are skipped."""
-        assert kind in ("ac", "cas")
+        """Every object under ``ac/`` (named by key), ``cas/`` (by sha256) or ``claims/`` (by
+        ``KEY/GENERATION.json``): name -> (bytes, last modified, seconds since the epoch). Other names
+        (a local push's temporaries) are skipped."""
+        assert kind in ("ac", "cas", "claims")
         with self._operation():
             try:
                 found = self._call(self.fs.find, f"{self._open()[1]}/{kind}", detail=True)
@@ -377,15 +438,20 @@ class RemoteCache:
                 return {}
         out: dict[str, tuple[int, float]] = {}
         for path, info in found.items():
-            name = PurePosixPath(path).name
-            name = name[:-5] if kind == "ac" and name.endswith(".json") else name
+            pure = PurePosixPath(path)
+            if kind == "claims":
+                if _SHA.fullmatch(pure.parent.name) and _CLAIM.fullmatch(pure.name):
+                    out[f"{pure.parent.name}/{pure.name}"] = (int(info.get("size") or 0), _modified(info))
+                continue
+            name = pure.name[:-5] if kind == "ac" and pure.name.endswith(".json") else pure.name
             if _SHA.fullmatch(name):
                 out[name] = (int(info.get("size") or 0), _modified(info))
         return out
 
     def remove(self, kind: str, name: str) -> None:
-        """Delete the action entry of key ``name`` (``kind`` "ac") or the blob ``name`` ("cas")."""
-        path = self._ac(name) if kind == "ac" else self._cas(name)
+        """Delete the action entry of key ``name`` (``kind`` "ac"), the blob ``name`` ("cas") or the
+        claim ``name`` ("claims", as :meth:`listing` names it)."""
+        path = {"ac": self._ac, "cas": self._cas, "claims": lambda n: self._path(f"claims/{n}")}[kind](name)
         with self._operation():
             try:
                 self._call(self.fs.rm_file, path)

@@ -129,5 +129,6 @@ def _gc_remote(args: argparse.Namespace, store: Any) -> int:
     verb = "would remove" if args.dry_run else "removed"
     print(f"{verb} {len(res.removed)} entries and {res.removed_blobs} blobs ({res.removed_bytes / 1e6:.1f} MB) "
           f"from {remote.url}; kept {res.kept} entries ({res.pinned} needed by kept bundles)"
-          + (f"; {res.young_blobs} unnamed blobs younger than the push grace kept" if res.young_blobs else ""))
+          + (f"; {res.young_blobs} unnamed blobs younger than the push grace kept" if res.young_blobs else "")
+          + (f"; {res.removed_claims} claims of killed builds {verb}" if res.removed_claims else ""))
     return 0

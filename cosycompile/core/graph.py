@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
@@ -37,6 +38,15 @@ class RemoteTier(Protocol):
     def pull(self, store: ArtifactStore, key: str) -> Entry | None: ...
 
     def push(self, store: ArtifactStore, entry: Entry) -> Any: ...
+
+    def claim(self, store: ArtifactStore, key: str, step: str, waiting: Callable[[str], None]) -> Any: ...
+
+
+@dataclass
+class Claimed:
+    """What waiting on another machine's claim came to: ``pulled`` when it built the step meanwhile."""
+
+    pulled: bool = False
 
 
 @dataclass
@@ -358,6 +368,28 @@ class Executor:
                 seconds[s.name] = time.perf_counter() - t0
         return found, seconds
 
+    @contextmanager
+    def _claimed(self, step: str, key: str, tag: str) -> Iterator[Claimed]:
+        """Around building ``key`` (inside its local lock): with a remote, hold its claim there, or
+        wait for the machine that holds it and pull its entry (``pulled``), so that machines sharing
+        the remote build each step once. Without a remote, or with --force, nothing."""
+        state = Claimed()
+        remote = self.remote
+        if remote is None or self.force or self.store.lookup(key) is not None:
+            yield state
+            return
+
+        def waiting(text: str) -> None:
+            self.reporter.line(f"{tag}  waiting  ({text})")
+
+        claim = self._remote_call(f"claim of {step} ({key[:12]})", lambda: remote.claim(self.store, key, step, waiting))
+        state.pulled = claim is None and self.store.lookup(key) is not None
+        try:
+            yield state
+        finally:
+            if claim is not None:
+                claim.release()
+
     def _pending(self, key: str) -> Path:
         # A marker per entry built while a remote was set, removed once its push completed: a build
         # killed mid-upload (or before it) leaves the marker, and the next build with a remote
@@ -468,8 +500,9 @@ class Executor:
                 self._pending(key).parent.mkdir(parents=True, exist_ok=True)
                 self._pending(key).touch()
             t0 = time.perf_counter()
-            with self.store.lock(key):
-                # Another process may have built it while we waited for the lock.
+            with self.store.lock(key), self._claimed(s.name, key, tag) as claimed:
+                # Another process may have built it while we waited for the lock, or another machine
+                # while we waited for its claim (then it was pulled).
                 entry = None if self.force else self.store.lookup(key)
                 built_here = entry is None
                 if built_here:
@@ -496,6 +529,9 @@ class Executor:
                             "step": s.name, "components": comps, "meta": meta, "seconds": dt, "peak_rss_mb": peak,
                             "node": node_name(),
                         })
+                    # After the commit, so the remote only ever gets complete, verified outputs; before
+                    # the claim is released, so a machine waiting on it finds the entry.
+                    self._push(s.name, entry)
             dt = time.perf_counter() - t0
             if built_here:
                 # The next step starts from what is in use, not from this one's peak.
@@ -503,6 +539,10 @@ class Executor:
             entries[s.name] = entry
             self.state.record(s, comps)
             self.state.save()
+            if not built_here and claimed.pulled:
+                pulled_here.append(s.name)
+                self.reporter.line(f"{tag}  pulled   {key[:12]}  {dt:.1f}s  (built by {entry.meta.get('node')} meanwhile)")
+                continue
             if not built_here:
                 cached.append(s.name)
                 self.reporter.line(f"{tag}  cached   {key[:12]}  (built by another process meanwhile)")
@@ -511,8 +551,6 @@ class Executor:
             ran.append(s.name)
             peak = entry.meta.get("peak_rss_mb")
             self.reporter.line(f"{tag}  done     {key[:12]}  {dt:.1f}s" + (f", peak {peak:,.0f} MiB" if peak else ""))
-            # After the commit, so the remote only ever gets complete, verified outputs.
-            self._push(s.name, entry)
         self.state.save()
         self.store.stat_cache.save()
         return BuildResult(ran, cached, entries, seconds, left, pulled_here)

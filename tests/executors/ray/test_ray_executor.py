@@ -63,6 +63,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         # Exports no other test has built, so that their steps really run on the nodes.
         recipes["kill-node"] = _recipe(work, "cpu-int8", opset=19, file="kill-node")
         recipes["kill-driver"] = _recipe(work, "cpu-int8", opset=20, file="kill-driver")
+        recipes["two-drivers"] = write_recipe(work / "two-drivers.yaml", {
+            "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "two-drivers", **SMALL,
+            "stages": {"llm": {"enabled": False}, "flow": {"enabled": False}, "hift": {"export": {"opset": 21}}},
+        }, base=False)
         try:
             yield {"work": work, "server": server, "env": env, "nodes": nodes, "recipes": recipes}
         finally:
@@ -257,6 +261,32 @@ def test_the_driver_killed_then_rerun_builds_nothing_twice(cluster: dict[str, An
                                "hift.simplify")]
     where = _built_where(cluster)
     assert all(len(where.get(k, [])) == 1 for k in fresh), {k[:12]: where.get(k) for k in fresh}
+
+
+def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any]) -> None:
+    work = cluster["work"]
+    extra = RayNode("cpu2", work, {k: v for k, v in cluster["env"].items() if k != "RAY_ADDRESS"}, head=False, cpus=1)
+    try:
+        wait_for_nodes(3, cluster["env"], nodes=[*cluster["nodes"].values(), extra])
+        url = f"s3://{cluster['server'].new_bucket()}/team"
+        # One step each (HiFT's export), one CPU per node: Ray runs the two drivers' tasks at once,
+        # one on each CPU node, and only the remote cache's claim keeps the second from building it.
+        drivers = [_driver(cluster, "two-drivers", url, work / f"two-drivers-{i}", "export") for i in range(2)]
+        outs = [d.communicate(timeout=600) for d in drivers]
+    finally:
+        extra.kill()
+    wait_for_nodes(2, cluster["env"])
+    assert [d.returncode for d in drivers] == [0, 0], [err[-3000:] for _, err in outs]
+    key = _keys(cluster["recipes"]["two-drivers"])["hift.export"]
+    holders = {label: _node_entries(node.artifacts).get(key) for label, node in
+               {"cpu": cluster["nodes"]["cpu"], "cpu2": extra}.items()}
+    # Both CPU nodes ran a task for it and hold its entry; one built it, the other waited on its claim
+    # and pulled it (its entry names the builder).
+    builder = holders["cpu"]
+    assert builder in ("cpu", "cpu2") and holders == {"cpu": builder, "cpu2": builder}, holders
+    said = [re.search(r"\] hift\.export\s+done .* (built|found) on (\S+)$", err, re.M) for _, err in outs]
+    assert all(said) and sorted(m.group(1) for m in said if m) == ["built", "found"], [err[-2000:] for _, err in outs]
+    assert {m.group(2) for m in said if m} == {builder}
 
 
 def test_two_nodes_without_a_remote_cache_is_one_line(cluster: dict[str, Any]) -> None:
