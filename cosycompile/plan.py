@@ -90,6 +90,8 @@ class BuildPlan:
     stage_steps: dict[str, dict[str, Step]]
     not_validated: dict[str, str]  # stage -> why its engine cannot run on this machine
     family: FamilyInfo  # the model family of the recipe's model
+    # Planned for a machine of the target's kind (its checks included), not for this one.
+    on_target: bool = False
 
 
 def run_problems(recipe: Recipe) -> dict[str, str]:
@@ -104,17 +106,27 @@ def run_problems(recipe: Recipe) -> dict[str, str]:
     return out
 
 
-def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | None = None) -> BuildPlan:
+def checks_run_on_target(recipe: Recipe) -> bool:
+    """Whether a machine of the recipe's target kind could run its checks: every enabled stage's
+    backend is one the checks run (whatever this machine lacks)."""
+    return all(recipe.typed(name)["backend"].checks_run for name in recipe.enabled_stages())
+
+
+def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | None = None,
+               on_target: bool = False) -> BuildPlan:
     """Every step the recipe needs, wired together (no work done, nothing heavy imported).
 
     ``engines_from``: a bundle whose engines are validated instead of building new ones
-    (``cosycompile validate``).
+    (``cosycompile validate``). ``on_target``: plan the checks as a machine of the target's kind
+    would run them (a cluster sends them to such a node), whatever this machine can run; only for a
+    recipe whose checks run there (:func:`checks_run_on_target`).
     """
     from cosycompile.stages import stage_infos
 
     stages = stage_infos()
     target = TARGETS[recipe.target]
-    unrunnable = {} if engines_from is not None else run_problems(recipe)
+    assert not on_target or checks_run_on_target(recipe)
+    unrunnable = {} if engines_from is not None or on_target else run_problems(recipe)
     model = model_input(recipe)
     family = model.family
     # What every step that loads the model reads through the family's registry entry: the loader and
@@ -252,7 +264,7 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
     final.files["eval"] = (eval_set.root, eval_files)
     final.preflight = _audio_preflight(eval_files, None, family)
     targets = [final] if until is None else _until(stage_steps, until)
-    return BuildPlan(recipe, targets, final, stage_steps, {}, family)
+    return BuildPlan(recipe, targets, final, stage_steps, {}, family, on_target)
 
 
 def _until(stage_steps: dict[str, dict[str, Step]], until: str) -> list[Step]:

@@ -43,6 +43,9 @@ class BackendInfo:
     # Why engines built for ``target`` cannot run on this machine (no GPU, another compute capability);
     # the build then ends "built, not validated here" instead of running the checks.
     run_problem: Callable[[Target], str | None] | None = None
+    # Whether the checks run its engines on a machine of the target's kind (False: they never do, e.g.
+    # an engine served by another process; a cluster then has no node to send its checks to).
+    checks_run: bool = True
     build: str = ".build:build"
     load: str = ".build:load"
     name: str = ""

@@ -108,4 +108,5 @@ PLUGIN = BackendInfo(
     unavailable=None,
     build_problem=build_problem,
     run_problem=run_problem,
+    checks_run=False,
 )

@@ -84,4 +84,5 @@ PLUGIN = BackendInfo(
     stages=("llm",),
     build_problem=build_problem,
     run_problem=run_problem,
+    checks_run=False,
 )

@@ -12,6 +12,11 @@ cannot exist. Tasks move no artifact bytes through Ray: each pulls its inputs fr
 cache and pushes its output there (:mod:`.task`). A step that no live node can run is left, as in a
 split build (exit 3), after :data:`NO_NODE_GRACE_S` at most: never waited on without end.
 
+A GPU recipe whose engines this machine cannot run is planned as its target's machine would plan
+it, checks included, when the cluster has a node that offers the target's sm tag and a GPU
+(``ray start`` counts a machine's GPUs itself): its checks go to that node like its engines. Without
+such a node the recipe ends "built, not validated", as on this machine alone.
+
 When every step of a recipe is built, the recipe is assembled here through the local executor,
 which pulls what the bundle holds from the remote cache and builds nothing.
 """
@@ -44,6 +49,7 @@ class Job:
     step: Step
     key: str
     recipe: Path  # a recipe that has it: the node plans that one
+    on_target: bool = False  # ... as a machine of its target would (BuildPlan.on_target)
     recipes: list[str] = field(default_factory=list)
     state: str = "todo"  # todo, done (in a cache before the build), built, left
     why: str = ""
@@ -57,7 +63,8 @@ class Job:
 
 def build(plans: list[Any], store: Any, reporter: Any, *, remote: Any, address: str | None,
           force: bool = False) -> list[BuildResult]:
-    """Build every plan's steps on the cluster at ``address``, then assemble each recipe here."""
+    """Build every plan's steps on the cluster at ``address``, then assemble each recipe here. A plan
+    whose checks go to the cluster's GPU nodes is replaced in ``plans`` (:func:`plan_checks_on_gpu_nodes`)."""
     from cosycompile.executors.ray.cluster import connect, describe, live_nodes
 
     assert address is not None  # parse_executor names one or refuses
@@ -74,6 +81,9 @@ def build(plans: list[Any], store: Any, reporter: Any, *, remote: Any, address: 
             if remote is None and len(nodes) > 1:
                 raise UserError(f"Ray cluster {address}: {len(nodes)} nodes share no cache: give --cache-remote "
                                 "URL (an S3 bucket every node reaches), through which steps pass their outputs")
+            if plan_checks_on_gpu_nodes(plans, nodes, reporter):
+                jobs = _jobs(plans, store)
+                _prune(jobs, plans, store, remote)
             _schedule(ray, jobs, store, remote, reporter)
         finally:
             ray.shutdown()
@@ -87,10 +97,31 @@ def _jobs(plans: list[Any], store: Any) -> dict[str, Job]:
         for s in topo_order(plan.steps):
             key = s.key(store)
             if key not in jobs:
-                jobs[key] = Job(s, key, Path(plan.recipe.source).resolve())
+                jobs[key] = Job(s, key, Path(plan.recipe.source).resolve(), plan.on_target)
             jobs[key].recipes.append(plan.recipe.name)
     store.stat_cache.save()
     return jobs
+
+
+def plan_checks_on_gpu_nodes(plans: list[Any], nodes: list[Any], reporter: Any) -> bool:
+    """Replace, in ``plans``, each whole plan that ends "built, not validated" here with the plan of its
+    target's machine (checks included), when a live node offers the target's sm tag and a GPU and the
+    checks run the recipe's backends. True if any plan was replaced."""
+    from cosycompile.core.targets import TARGETS
+    from cosycompile.plan import checks_run_on_target, plan_build
+
+    replaced = False
+    for i, plan in enumerate(plans):
+        target = TARGETS[plan.recipe.target]
+        if not plan.not_validated or plan.steps != [plan.final] or target.kind != "gpu":
+            continue
+        if not checks_run_on_target(plan.recipe) or not any(n.offers(target.sm_tag) and n.offers("GPU") for n in nodes):
+            continue
+        plans[i] = plan_build(plan.recipe, on_target=True)
+        reporter.line(f"{plan.recipe.name}: its checks go to the cluster's {target.sm_tag} GPU nodes "
+                      "(this machine cannot run its engines)")
+        replaced = True
+    return replaced
 
 
 def _prune(jobs: dict[str, Job], plans: list[Any], store: Any, remote: Any) -> None:
@@ -166,6 +197,10 @@ def task_options(step: Step, peaks: dict[tuple[str, str], float], nodes: list[An
     eligible = [n for n in nodes if n.offers(hw or "CPU")]
     if hw:
         options: dict[str, Any] = {"num_cpus": 0, "resources": {hw: 1}}
+        if any(n.offers("GPU") for n in eligible):
+            # A node of that kind with its GPUs counted by Ray: one of them, so the step gets a GPU of
+            # its own (CUDA_VISIBLE_DEVICES) and goes to a node that has one.
+            options["num_gpus"] = 1
     else:
         most_cpus = max((n.resources.get("CPU", 0.0) for n in eligible), default=0.0)
         options = {"num_cpus": max(1, min(step_threads(step), int(most_cpus))), "resources": {}}
@@ -178,7 +213,7 @@ def task_options(step: Step, peaks: dict[tuple[str, str], float], nodes: list[An
 
 def describe_request(options: dict[str, Any]) -> str:
     """``CPU x2, 1.9 GB`` / ``sm89``: what a step's Ray options ask for, for the progress line."""
-    parts = [*options["resources"]] or [f"CPU x{options['num_cpus']}"]
+    parts = [*options["resources"], *(["GPU"] if options.get("num_gpus") else [])] or [f"CPU x{options['num_cpus']}"]
     if options.get("memory"):
         parts.append(f"{options['memory'] / 2**30:.1f} GB")
     return ", ".join(parts)
@@ -235,7 +270,7 @@ def _schedule(ray: Any, jobs: dict[str, Job], store: Any, remote: Any, reporter:
                            "retry_exceptions": False, "name": f"cosycompile {job.step.name}"}
                 ref = task.options(**options).remote(str(job.recipe), job.step.name, key,
                                                      remote.url if remote is not None else None,
-                                                     str(store.root.resolve()))
+                                                     str(store.root.resolve()), job.on_target)
                 running[ref] = key
                 job.state = "running"
                 reporter.line(f"{tag(key)}  queued   (needs {describe_request(options)}; in no cache)")

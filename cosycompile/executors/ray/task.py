@@ -31,18 +31,21 @@ def node_store_root(driver_artifacts: str) -> Path:
     return Path(os.environ.get(ARTIFACTS_ENV) or driver_artifacts)
 
 
-def run_step(recipe: str, step: str, key: str, remote_url: str | None, artifacts: str) -> dict[str, Any]:
+def run_step(recipe: str, step: str, key: str, remote_url: str | None, artifacts: str,
+             on_target: bool = False) -> dict[str, Any]:
     """Build ``step`` of ``recipe`` on this node unless it is cached; returns where and how long, or
-    why this node cannot build it (``left``)."""
+    why this node cannot build it (``left``). ``on_target``: the driver planned the recipe as its
+    target's machine would (its checks included); a check this node cannot run is left."""
     from cosycompile.cache.local import Store
     from cosycompile.cache.remote import remote_from
     from cosycompile.core.graph import Executor, Reporter, StateFile, node_name, topo_order
-    from cosycompile.plan import plan_build
+    from cosycompile.plan import plan_build, run_problems
     from cosycompile.recipe.schema import load_recipe
 
     t0 = time.perf_counter()
     store = Store(node_store_root(artifacts))
-    plan = plan_build(load_recipe(Path(recipe)))
+    loaded = load_recipe(Path(recipe))
+    plan = plan_build(loaded, on_target=on_target)
     steps = {s.name: s for s in topo_order(plan.steps)}
     if step not in steps:
         raise StepMismatch(f"node {node_name()}: recipe {recipe} has no step '{step}' when planned here")
@@ -50,6 +53,10 @@ def run_step(recipe: str, step: str, key: str, remote_url: str | None, artifacts
     if s.key(store) != key:
         raise StepMismatch(f"node {node_name()} computes key {s.key(store)[:12]} for {step}, the driver {key[:12]}: "
                            "this node's cosycompile, tool releases or model files differ from the driver's")
+    if on_target and s.kind.endswith(".check") and (problems := run_problems(loaded)):
+        # Placed here for the node's GPU kind, yet its engines do not run here (no driver, no runtime).
+        return {"node": node_name(), "left": "; ".join(f"{st}: {why}" for st, why in problems.items()),
+                "seconds": time.perf_counter() - t0}
     remote = remote_from(remote_url or "")
     inputs = list(dict.fromkeys(s.deps.values()))
     for d in inputs:

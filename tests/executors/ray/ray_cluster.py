@@ -99,7 +99,7 @@ class RayNode:
     """One `ray start --block` node: its label (``$COSYCOMPILE_NODE``), its own cache folder and resources."""
 
     def __init__(self, label: str, work: Path, env: dict[str, str], head: bool, cpus: int,
-                 resources: str | None = None) -> None:
+                 resources: str | None = None, gpus: int = 0) -> None:
         self.label, self.artifacts = label, work / f"node-{label}"
         self.temp_dir: Path | None = None
         self.log_path = work / f"{label}.log"
@@ -114,6 +114,8 @@ class RayNode:
             args += [f"--address=127.0.0.1:{GCS_PORT}"]
         if resources:
             args.append(f"--resources={resources}")
+        if gpus:  # Ray takes the count as given: a node that says it has a GPU without having one
+            args.append(f"--num-gpus={gpus}")
         node_env = {**env, "COSYCOMPILE_NODE": label, "COSYCOMPILE_NODE_ARTIFACTS": str(self.artifacts),
                     "RAY_USAGE_STATS_ENABLED": "0"}
         self.log = open(self.log_path, "wb")

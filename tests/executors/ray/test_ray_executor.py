@@ -63,6 +63,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         # Exports no other test has built, so that their steps really run on the nodes.
         recipes["kill-node"] = _recipe(work, "cpu-int8", opset=19, file="kill-node")
         recipes["kill-driver"] = _recipe(work, "cpu-int8", opset=20, file="kill-driver")
+        recipes["gpu-checks"] = write_recipe(work / "gpu-checks.yaml", {
+            "extends": str(REPO / "recipes" / "rtx4090-fp16.yaml"), "name": "gpu-checks", **SMALL,
+            "stages": {"flow": {"enabled": False}, "hift": {"enabled": False}},
+        }, base=False)
         recipes["two-drivers"] = write_recipe(work / "two-drivers.yaml", {
             "extends": str(REPO / "recipes" / "cpu-int8.yaml"), "name": "two-drivers", **SMALL,
             "stages": {"llm": {"enabled": False}, "flow": {"enabled": False}, "hift": {"export": {"opset": 21}}},
@@ -261,6 +265,28 @@ def test_the_driver_killed_then_rerun_builds_nothing_twice(cluster: dict[str, An
                                "hift.simplify")]
     where = _built_where(cluster)
     assert all(len(where.get(k, [])) == 1 for k in fresh), {k[:12]: where.get(k) for k in fresh}
+
+
+def test_a_gpu_recipes_checks_go_to_a_node_with_its_gpu(cluster: dict[str, Any], matrix: dict[str, Any]) -> None:
+    work = cluster["work"]
+    # A node that offers sm89 and says it has a GPU (Ray counts a real machine's GPUs itself). It has
+    # none, so it takes the checks and says why it cannot run them: the build ends with exit 3.
+    gpu = RayNode("sm89gpu", work, {k: v for k, v in cluster["env"].items() if k != "RAY_ADDRESS"}, head=False,
+                  cpus=1, gpus=1, resources='{"sm89": 1}')
+    try:
+        wait_for_nodes(3, cluster["env"], nodes=[*cluster["nodes"].values(), gpu])
+        res = _cli("build", str(cluster["recipes"]["gpu-checks"]), "--executor", "ray", "--cache-remote", matrix["url"],
+                   "--artifacts", str(work / "driver"), env=cluster["env"], timeout=600)
+    finally:
+        gpu.kill()
+    wait_for_nodes(2, cluster["env"])
+    _ok(res, 3)
+    assert "gpu-checks: its checks go to the cluster's sm89 GPU nodes" in res.stderr
+    assert re.search(r"\] llm\.check\s+queued\s+\(needs sm89, GPU", res.stderr), res.stderr[-3000:]
+    assert re.search(r"^  llm\.check: node sm89gpu cannot run it: llm: no NVIDIA GPU on this machine", res.stdout,
+                     re.M), res.stdout
+    assert "pipeline.check: waits for llm.check" in res.stdout
+    assert "finish with: cosycompile build" in res.stdout
 
 
 def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any]) -> None:

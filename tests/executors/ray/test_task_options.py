@@ -92,3 +92,58 @@ def test_a_kind_never_built_asks_what_its_stage_step_needed_with_another_kind(st
     own = {**peaks, ("llm.engine", engine.kind): 500.0}
     assert task_options(engine, own, nodes)["memory"] == int(500.0 * MEMORY_MARGIN * 2**20)
     assert "memory" not in task_options(export, peaks, nodes)
+
+
+def test_a_gpu_step_asks_for_a_gpu_where_a_node_of_its_kind_has_one(steps: dict) -> None:
+    engine = steps["gpu.flow.engine"]
+    fake = Node("sm89-no-gpu", "127.0.0.1", {"CPU": 0.0, "sm89": 1.0})
+    real = Node("sm89-gpu", "127.0.0.1", {"CPU": 16.0, "GPU": 1.0, "sm89": 1.0})
+    assert task_options(engine, {}, [fake]) == {"num_cpus": 0, "resources": {"sm89": 1}}
+    assert task_options(engine, {}, [fake, real]) == {"num_cpus": 0, "resources": {"sm89": 1}, "num_gpus": 1}
+    assert describe_request(task_options(engine, {}, [real])) == "sm89, GPU"
+
+
+def _plans(*names: str) -> list:
+    from cosycompile.plan import plan_build
+    from cosycompile.recipe.schema import load_recipe
+
+    return [plan_build(load_recipe(REPO / "recipes" / f"{n}.yaml")) for n in names]
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def line(self, text: str) -> None:
+        self.lines.append(text)
+
+
+def test_checks_are_planned_for_gpu_nodes_only_where_the_cluster_has_one_that_runs_them(tmp_path: Path) -> None:
+    from cosycompile.core.graph import topo_order
+    from cosycompile.executors.ray.build import plan_checks_on_gpu_nodes
+
+    # On this GPU-less machine every GPU recipe is planned "built, not validated".
+    plans = _plans("rtx4090-fp16", "l20-int8", "cpu-int8")
+    assert plans[0].not_validated and plans[1].not_validated and not plans[2].not_validated
+    fake = [Node("sm89", "127.0.0.1", {"CPU": 0.0, "sm89": 1.0})]
+    assert not plan_checks_on_gpu_nodes(plans, fake, _Lines())  # no node with a GPU: unchanged
+    gpu = [Node("sm89", "127.0.0.1", {"CPU": 4.0, "GPU": 1.0, "sm89": 1.0})]
+    said = _Lines()
+    before = list(plans)
+    assert plan_checks_on_gpu_nodes(plans, gpu, said)
+    # rtx4090-fp16 (TensorRT everywhere) gets its checks, on sm89; l20-int8 serves its LLM with
+    # TensorRT-LLM, which the checks never run: it stays unvalidated; the CPU recipe is untouched.
+    assert plans[0] is not before[0] and plans[1] is before[1] and plans[2] is before[2]
+    assert plans[0].on_target and not plans[0].not_validated
+    store = Store(tmp_path / "keys")
+    old = {s.name: s for s in topo_order(before[0].steps)}
+    new = {s.name: s for s in topo_order(plans[0].steps)}
+    checks = {n for n in new if n.endswith(".check")}
+    assert checks == {"llm.check", "flow.check", "hift.check", "pipeline.check"}
+    assert all(new[n].hardware == "sm89" for n in checks)
+    assert new["pipeline.check"].kind == "pipeline.check" and old["pipeline.check"].kind == "pipeline.unvalidated"
+    # The engines and everything before them keep their keys: what was built for the unvalidated plan serves.
+    assert {n: s.key(store) for n, s in old.items() if n != "pipeline.check"} == \
+        {n: new[n].key(store) for n in old if n != "pipeline.check"}
+    assert said.lines == ["rtx4090-fp16: its checks go to the cluster's sm89 GPU nodes (this machine cannot run its "
+                          "engines)"]
