@@ -166,6 +166,11 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         consumes = binfo.consumes
         if consumes == "checkpoint" and sinfo.checkpoint_export is None:
             raise ModelError(f"{recipe.source}: stage '{name}' has no checkpoint export for backend '{binfo.name}'")
+        if consumes == "checkpoint" and not family.llm_checkpoint:
+            # Refused before any step: the checkpoint export would fail only after the model and reference.
+            raise ModelError(f"{recipe.source}: stages.{name}.engine.backend '{binfo.name}' serves the LM from a "
+                             f"Qwen2 checkpoint; the {family.name} family's LM is not a Qwen2 body and has none "
+                             "(build it with onnxruntime or tensorrt)")
         if consumes == "checkpoint":
             run, code, params, what = (sinfo.ref("checkpoint_export"), _module_roots(sinfo, "modules", "checkpoint_export"),
                                        {}, "as a checkpoint")

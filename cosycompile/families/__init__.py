@@ -85,6 +85,8 @@ class FamilyInfo:
     # tokenizer; (loaded LM) -> the embedding rows and the speech head's weight and bias.
     llm_vocab: str = ".parts:llm_vocab"
     llm_vocab_rows: str = ".parts:llm_vocab_rows"
+    # Whether the LM has that rewrite (a Qwen2 body), so that backends serving a checkpoint can take it.
+    llm_checkpoint: bool = True
     # (loaded LM) -> :class:`LMQuantTarget`; the Qwen2 families share theirs.
     llm_quant_target: str = "cosycompile.families.qwen2_steps:quant_target"
     name: str = ""

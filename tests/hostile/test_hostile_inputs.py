@@ -126,6 +126,15 @@ def _extends_fifo(tmp, model):
     return ["build", str(p)], ["pipe.yaml", "FIFO"]
 
 
+@case("cv1-llm-on-a-checkpoint-backend")
+def _cv1_checkpoint(tmp, model):
+    # TensorRT-LLM serves a Qwen2 checkpoint; CosyVoice-300M's LM has none. Refused at plan time, not
+    # after the model and reference steps when its checkpoint export fails.
+    p = tmp / "cv1-trtllm.yaml"
+    p.write_text(f"extends: {REPO / 'recipes' / 'l20-int8.yaml'}\nname: cv1-trtllm\nmodel: builtin:cv1-tiny\n")
+    return ["build", str(p)], ["cv1-trtllm.yaml", "stages.llm.engine.backend 'trtllm'", "not a Qwen2 body"]
+
+
 @case("text-file-dev-zero")
 def _text_zero(tmp, model):
     # refused by type before it is opened (stat says 0 bytes; reading never ends)

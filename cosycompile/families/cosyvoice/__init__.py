@@ -38,4 +38,5 @@ PLUGIN = FamilyInfo(
     text_tokenizer=".tokenizer:load_text_tokenizer",
     model_speakers=".speakers:model_speakers",
     llm_quant_target=".parts:llm_quant_target",
+    llm_checkpoint=False,
 )
