@@ -1,19 +1,23 @@
 """Benchmark (simulated): how long a families x recipes x GPU kinds matrix takes on 1, 4 and 16 nodes,
 and its critical path, from step durations recorded in caches.
 
-The graph is the real one: each family's GPU recipes are retargeted to every GPU kind given (a
-combination the recipe's formats cannot run on is skipped and listed), planned with the planner,
-and merged by key as the Ray executor merges them (a shared ``reference`` or export is one step).
-Each step's duration is the median ``seconds`` that caches (``--artifacts``, one or more) recorded
-for steps of the same name and kind; a step no cache has run is given the median of the recorded
-steps of its kind's first word (``engine``, ``quantize``, ...) and counted as assumed, or
-``--default`` seconds. The nodes: node i has a GPU of kind ``i mod K`` (K GPU kinds) and runs any
-CPU step; a GPU step runs on a node of its kind; one step per node at a time. Scheduling is greedy
-list scheduling, ready steps taken longest remaining path first, as a cluster scheduler that knew
-the durations would.
+The graph is the real one. Each family's rows are every shape a GPU recipe of the repository
+builds ((stage, backend, format) per stage): the family's own recipe of that shape, else another
+family's recipe with this family's model in its place (``NAME.FAMILY``); a shape the family cannot
+plan is skipped and listed. Each row is retargeted to every GPU kind given (a combination the
+recipe's formats cannot run on is skipped too), planned as a node of that kind would plan it, its
+checks included (unless the checks do not run its engines: TensorRT-LLM, vLLM), and merged by key
+as the Ray executor merges them (a shared ``reference`` or export is one step).
+Each step's duration is the median ``seconds`` that caches (``--artifacts``, one or more; with
+``--min-model-mb``, only entries built from a model that large) recorded for steps of the same name
+and kind; a step no cache has run is given the median of the recorded steps of its kind's first
+word (``engine``, ``quantize``, ...) and counted as assumed, or ``--default`` seconds. The nodes:
+node i has a GPU of kind ``i mod K`` (K GPU kinds) and runs any CPU step; a GPU step runs on a node
+of its kind; one step per node at a time. Scheduling is greedy list scheduling, ready steps taken
+longest remaining path first, as a cluster scheduler that knew the durations would.
 
-Usage: python bench/cluster_simulation.py --artifacts DIR [DIR ...] [--nodes 1 4 16]
-       [--targets h100 l20 rtx4090 a100] [--json OUT]
+Usage: python bench/cluster_simulation.py --artifacts DIR [DIR ...] [--min-model-mb MB]
+       [--nodes 1 4 16] [--targets h100 l20 a100 b200] [--json OUT]
 """
 
 from __future__ import annotations
@@ -49,14 +53,37 @@ class Node:
     recipes: set[str] = field(default_factory=set)
 
 
-def recorded_seconds(caches: list[Path]) -> dict[tuple[str, str], list[float]]:
-    """(step name, kind) -> every ``seconds`` the caches' entries recorded."""
-    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+def recorded_seconds(caches: list[Path], min_model_mb: float = 0.0) -> dict[tuple[str, str], list[float]]:
+    """(step name, kind) -> every ``seconds`` the caches' entries recorded; with ``min_model_mb``, only
+    entries built from a ``model`` step whose files hold at least that many MB (one cache may hold
+    builds of the tiny built-ins and of the 0.5B ones: their durations must not be mixed)."""
+    bodies: dict[str, dict[str, Any]] = {}
     for cache in caches:
         for f in (cache / "cache" / "objects").glob("*/*/entry.json"):
             body = json.loads(f.read_text())
-            if body.get("seconds") is not None and body.get("components"):
-                out[(body["step"], body["components"]["kind"])].append(float(body["seconds"]))
+            if body.get("components"):
+                bodies[body["key"]] = body
+    sizes: dict[str, float | None] = {}
+
+    def model_mb(key: str) -> float | None:
+        """MB of the model the entry was built from (its ``model`` ancestor), None if not in the caches."""
+        if key not in sizes:
+            sizes[key] = None  # a cycle cannot occur (keys hash their inputs); this guards a bad cache
+            body = bodies.get(key)
+            if body is not None and body["step"] == "model":
+                sizes[key] = sum(size for size, _ in body["files"].values()) / 1e6
+            elif body is not None:
+                found = [model_mb(k) for k in body["components"].get("inputs", {}).values()]
+                sizes[key] = max((m for m in found if m is not None), default=None)
+        return sizes[key]
+
+    out: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for key, body in bodies.items():
+        if body.get("seconds") is None:
+            continue
+        if min_model_mb > 0 and (model_mb(key) or 0.0) < min_model_mb:
+            continue
+        out[(body["step"], body["components"]["kind"])].append(float(body["seconds"]))
     return out
 
 
@@ -77,34 +104,69 @@ def gpu_recipes() -> dict[str, list[Path]]:
     return out
 
 
+def shape(path: Path) -> tuple[tuple[str, str, str], ...]:
+    """What a recipe builds, whatever its model and target: (stage, backend, format) per enabled stage."""
+    from cosycompile.recipe.schema import load_recipe
+
+    recipe = load_recipe(path)
+    return tuple((s, recipe.stage(s).engine.backend, recipe.typed(s)["quantize"].format)
+                 for s in recipe.enabled_stages())
+
+
+def rows_by_family() -> dict[str, list[tuple[str, Path, str | None]]]:
+    """Family -> its rows (name, recipe, model to put in its place or None): every shape that a GPU recipe
+    of any family builds, taken from the family's own recipe of that shape where it has one, else from
+    the other family's recipe with this family's model (``NAME.FAMILY``)."""
+    from cosycompile.recipe.schema import load_recipe
+
+    by_family = gpu_recipes()
+    shapes: dict[tuple, Path] = {}
+    for _, paths in sorted(by_family.items()):
+        for path in paths:
+            shapes.setdefault(shape(path), path)
+    out: dict[str, list[tuple[str, Path, str | None]]] = {}
+    for family, paths in sorted(by_family.items()):
+        own = {shape(p): p for p in paths}
+        model = load_recipe(paths[0]).model
+        out[family] = [(own[sig].stem, own[sig], None) if sig in own else (f"{src.stem}.{family}", src, model)
+                       for sig, src in shapes.items()]
+    return out
+
+
 def matrix(targets: tuple[str, ...], durations: dict[tuple[str, str], list[float]],
-           default: float) -> tuple[dict[str, Node], list[str], list[str]]:
-    """The merged step graph of every (family, recipe, target), the rows planned, and those skipped."""
+           default: float) -> tuple[dict[str, Node], list[str], list[str], list[str]]:
+    """The merged step graph of every (family, recipe, target), the rows planned, those of them
+    planned without checks (their engines are served by a process the checks do not run), and the
+    rows skipped. Every other row is planned as a node of its GPU kind would plan it, checks included."""
     from cosycompile.cache.local import Store
     from cosycompile.core.graph import topo_order
-    from cosycompile.plan import plan_build
+    from cosycompile.plan import checks_run_on_target, plan_build
     from cosycompile.recipe.schema import load_recipe
 
     by_prefix: dict[str, list[float]] = defaultdict(list)
     for (_, kind), secs in durations.items():
         by_prefix[kind.split(".")[0]] += secs
     nodes: dict[str, Node] = {}
-    rows, skipped = [], []
+    rows, unchecked, skipped = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "keys")
-        for family, paths in sorted(gpu_recipes().items()):
-            for path in paths:
+        for family, recipes in rows_by_family().items():
+            for name, path, model in recipes:
                 for target in targets:
-                    derived = Path(tmp) / f"{path.stem}@{target}.yaml"
-                    derived.write_text(json.dumps({"extends": str(path), "target": target,
-                                                   "name": f"{path.stem}.{target}"}))
-                    row = f"{family}/{path.stem}@{target}"
+                    derived = Path(tmp) / f"{name}@{target}.yaml"
+                    body = {"extends": str(path), "target": target, "name": f"{name}.{target}"}
+                    derived.write_text(json.dumps(body | ({"model": model} if model else {})))
+                    row = f"{family}/{name}@{target}"
                     try:
-                        plan = plan_build(load_recipe(derived))
-                    except Exception as exc:  # noqa: BLE001 - a format the GPU cannot run: not a row
-                        skipped.append(f"{row}: {str(exc).splitlines()[0][:120]}")
+                        recipe = load_recipe(derived)
+                        on_target = checks_run_on_target(recipe)
+                        plan = plan_build(recipe, on_target=on_target)
+                    except Exception as exc:  # noqa: BLE001 - a format the GPU or the family cannot run: not a row
+                        skipped.append(f"{row}: {str(exc).splitlines()[0].replace(tmp + '/', '')[:240]}")
                         continue
                     rows.append(row)
+                    if not on_target:
+                        unchecked.append(row)
                     for s in topo_order(plan.steps):
                         key = s.key(store)
                         if key not in nodes:
@@ -114,7 +176,7 @@ def matrix(targets: tuple[str, ...], durations: dict[tuple[str, str], list[float
                             nodes[key] = Node(s.name, s.kind, s.hardware, seconds, not secs)
                         nodes[key].deps |= {d.key(store) for d in s.deps.values()}
                         nodes[key].recipes.add(row)
-    return nodes, rows, skipped
+    return nodes, rows, unchecked, skipped
 
 
 def critical_path(nodes: dict[str, Node]) -> tuple[float, list[str], dict[str, float]]:
@@ -185,10 +247,13 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--targets", nargs="+", default=list(TARGETS))
     ap.add_argument("--default", type=float, default=60.0, help="seconds of a step kind no cache recorded")
+    ap.add_argument("--min-model-mb", type=float, default=0.0,
+                    help="take durations only from entries built from a model of at least this many MB "
+                         "(e.g. 500: the 0.5B built-ins, not the tiny ones in the same cache)")
     ap.add_argument("--json", type=Path, help="write the figures here too")
     args = ap.parse_args()
-    durations = recorded_seconds(args.artifacts)
-    nodes, rows, skipped = matrix(tuple(args.targets), durations, args.default)
+    durations = recorded_seconds(args.artifacts, args.min_model_mb)
+    nodes, rows, unchecked, skipped = matrix(tuple(args.targets), durations, args.default)
     length, chain, tail = critical_path(nodes)
     from cosycompile.core.targets import TARGETS as KNOWN
 
@@ -198,6 +263,12 @@ def main() -> int:
     assumed = sorted({n.kind for n in nodes.values() if n.assumed})
     print(f"matrix: {len(rows)} (family, recipe, target) rows, {len(nodes)} distinct steps "
           f"({sum(len(n.recipes) for n in nodes.values())} before merging by key); {len(skipped)} rows skipped")
+    recipes = {family: [name for name, _, _ in rs] for family, rs in rows_by_family().items()}
+    for family, names in recipes.items():
+        planned = [r for r in rows if r.startswith(f"{family}/")]
+        some = [n for n in names if any(r.startswith(f"{family}/{n}@") for r in planned)]
+        print(f"  {family}: {len(some)} of {len(names)} recipes plannable ({', '.join(names)}); {len(planned)} rows")
+    print(f"rows planned without checks (engines served by a process the checks do not run): {len(unchecked)}")
     print(f"work: {total:.1f} s in all; critical path {length:.1f} s: "
           + " -> ".join(f"{nodes[k].name} ({nodes[k].seconds:.1f})" for k in chain))
     print(f"durations assumed (no cache recorded the step) for kinds: {', '.join(assumed) or 'none'}")
@@ -209,7 +280,9 @@ def main() -> int:
     for s in skipped:
         print(f"skipped: {s}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "skipped": skipped, "steps": len(nodes), "work_s": total,
+        args.json.write_text(json.dumps({"recipes": recipes, "rows": rows, "unchecked": unchecked, "skipped": skipped,
+                                         "steps": len(nodes),
+                                         "work_s": total,
                                          "critical_path_s": length,
                                          "critical_path": [nodes[k].name for k in chain], "assumed": assumed,
                                          "runs": runs}, indent=1))
