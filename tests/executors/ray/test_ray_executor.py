@@ -289,25 +289,51 @@ def test_a_gpu_recipes_checks_go_to_a_node_with_its_gpu(cluster: dict[str, Any],
     assert "finish with: cosycompile build" in res.stdout
 
 
-def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any]) -> None:
+def _running(node: RayNode, step: str) -> bool:
+    """Whether a Ray worker of ``node`` is running the task of ``step``."""
+    return any(cmdline(p).startswith("ray::") and f"cosycompile {step}" in cmdline(p) for p in descendants(node.proc.pid))
+
+
+def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from cosycompile.cache.local import Store
+    from cosycompile.cache.remote import RemoteCache
+    from s3_servers import DROP_VARS, client_vars
+
     work = cluster["work"]
+    for var in DROP_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in client_vars(cluster["server"].endpoint).items():
+        monkeypatch.setenv(var, value)
+    key = _keys(cluster["recipes"]["two-drivers"])["hift.export"]
+    url = f"s3://{cluster['server'].new_bucket()}/team"
+    # This test claims the step first, so that both drivers' tasks are running, one on each CPU node
+    # (one CPU each), before either may build it; then it lets go. Without claims both would build it.
+    store = Store(work / "test-claimant")
+    store.ensure_writable()
+    claim = RemoteCache(url).claim(store, key, "hift.export", lambda _: None)
     extra = RayNode("cpu2", work, {k: v for k, v in cluster["env"].items() if k != "RAY_ADDRESS"}, head=False, cpus=1)
     try:
         wait_for_nodes(3, cluster["env"], nodes=[*cluster["nodes"].values(), extra])
-        url = f"s3://{cluster['server'].new_bucket()}/team"
-        # One step each (HiFT's export), one CPU per node: Ray runs the two drivers' tasks at once,
-        # one on each CPU node, and only the remote cache's claim keeps the second from building it.
         drivers = [_driver(cluster, "two-drivers", url, work / f"two-drivers-{i}", "export") for i in range(2)]
+        nodes = [cluster["nodes"]["cpu"], extra]
+        deadline = time.monotonic() + 300
+        while not all(_running(n, "hift.export") for n in nodes) and time.monotonic() < deadline:
+            assert all(d.poll() is None for d in drivers), [d.communicate()[1][-2000:] for d in drivers]
+            time.sleep(0.2)
+        both = all(_running(n, "hift.export") for n in nodes)
+        claim.release()
         outs = [d.communicate(timeout=600) for d in drivers]
     finally:
+        claim.release()
         extra.kill()
     wait_for_nodes(2, cluster["env"])
+    assert both, "the two drivers' tasks were not running on the two CPU nodes at once"
     assert [d.returncode for d in drivers] == [0, 0], [err[-3000:] for _, err in outs]
-    key = _keys(cluster["recipes"]["two-drivers"])["hift.export"]
     holders = {label: _node_entries(node.artifacts).get(key) for label, node in
                {"cpu": cluster["nodes"]["cpu"], "cpu2": extra}.items()}
-    # Both CPU nodes ran a task for it and hold its entry; one built it, the other waited on its claim
-    # and pulled it (its entry names the builder).
+    # Both CPU nodes hold its entry; one built it, the other waited on its claim and pulled it (its
+    # entry names the builder).
     builder = holders["cpu"]
     assert builder in ("cpu", "cpu2") and holders == {"cpu": builder, "cpu2": builder}, holders
     said = [re.search(r"\] hift\.export\s+done .* (built|found) on (\S+)$", err, re.M) for _, err in outs]
