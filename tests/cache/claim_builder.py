@@ -20,7 +20,7 @@ from cosycompile.cache.local import Store  # noqa: E402
 from cosycompile.cache.remote import RemoteCache  # noqa: E402
 from cosycompile.core.graph import Executor, Reporter, StateFile, Step, StepContext  # noqa: E402
 
-BODY_S = 2.0
+BODY_S = 1.0
 
 
 def slow_writer(ctx: StepContext) -> dict:
@@ -43,6 +43,7 @@ def main() -> None:
     root, url, tag, go = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
     ex = Executor(Store(root), [chain(tag)], StateFile(root / "state.json"), Reporter(stream=sys.stdout),
                   remote=RemoteCache(url))
+    (root.parent / f"{root.name}.ready").touch()
     deadline = time.monotonic() + 60
     while not go.exists() and time.monotonic() < deadline:  # both builders start their builds together
         time.sleep(0.01)

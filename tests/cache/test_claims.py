@@ -50,9 +50,8 @@ def moto_server() -> Iterator[MotoServer]:
         server.stop()
 
 
-@pytest.fixture(params=["seaweedfs", "moto", "file"])
-def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
-    """(remote URL, the environment a process needs to reach it)."""
+def _remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
+    """(remote URL, the environment a process needs to reach it) for the fixture's param."""
     if request.param == "file":
         return (tmp_path / "remote").as_uri(), dict(os.environ)
     server = request.getfixturevalue(f"{request.param}_server")
@@ -63,6 +62,18 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     return f"s3://{server.new_bucket()}/team", client_env(server.endpoint)
 
 
+@pytest.fixture(params=["seaweedfs", "moto", "file"])
+def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
+    return _remote(request, tmp_path, monkeypatch)
+
+
+@pytest.fixture(params=["seaweedfs", "file"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
+    """A remote for two builder processes: an S3 server and a folder (moto's conditional create is
+    covered by the claim tests that take ``remote``)."""
+    return _remote(request, tmp_path, monkeypatch)
+
+
 def _key(label: str) -> str:
     return hashlib.sha256(label.encode()).hexdigest()
 
@@ -71,8 +82,8 @@ def _result(out: str) -> dict[str, Any]:
     return json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
 
 
-def test_two_builders_started_together_run_each_step_once(remote: tuple[str, dict], tmp_path: Path) -> None:
-    url, env = remote
+def test_two_builders_started_together_run_each_step_once(shared: tuple[str, dict], tmp_path: Path) -> None:
+    url, env = shared
     log, go = tmp_path / "bodies.log", tmp_path / "go"
     env = {**env, "CLAIM_TEST_LOG": str(log), TTL_ENV: "30"}
     # Imported, not run as __main__: a step's key digests the module its body lives in.
@@ -80,8 +91,10 @@ def test_two_builders_started_together_run_each_step_once(remote: tuple[str, dic
     procs = [subprocess.Popen([sys.executable, "-c", start, str(tmp_path / f"runner-{i}"), url, tmp_path.name,
                                str(go)], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for i in range(2)]
-    time.sleep(3)  # both imported and waiting for the go file
-    go.touch()
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"runner-{i}.ready").exists() for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    go.touch()  # both imported and planned: they start their builds together
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
     results = [_result(out) for out, _ in outs]
