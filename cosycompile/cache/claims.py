@@ -28,7 +28,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from cosycompile.core.graph import node_name
-from cosycompile.errors import UserError
 
 if TYPE_CHECKING:
     from cosycompile.cache.local import Store
@@ -44,18 +43,9 @@ GC_AGE_S = 2 * TTL_RANGE[1]
 
 def ttl_from_env() -> float:
     """``$COSYCOMPILE_CLAIM_TTL_S``, else :data:`TTL_S`; a value outside :data:`TTL_RANGE` is a UserError."""
-    text = os.environ.get(TTL_ENV, "").strip()
-    if not text:
-        return TTL_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    low, high = TTL_RANGE
-    if not low <= value <= high:  # also false for nan
-        raise UserError(f"${TTL_ENV}={text[:40]!r}: give the seconds after which a silent claim is taken over, "
-                        f"{low:.0f} to {high:.0f} (default {TTL_S:.0f})")
-    return value
+    from cosycompile.cache.remote import seconds_from_env
+
+    return seconds_from_env(TTL_ENV, TTL_S, TTL_RANGE, "the seconds after which a silent claim is taken over")
 
 
 def _rel(key: str, generation: int) -> str:

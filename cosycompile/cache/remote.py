@@ -108,21 +108,26 @@ def remote_from(url: str | None) -> "RemoteCache | None":
     return RemoteCache(value, where=where) if value.strip() else None
 
 
-def budget_from_env() -> float:
-    """Seconds one remote operation may take before its bytes: ``$COSYCOMPILE_REMOTE_BUDGET_S``, else
-    :data:`BUDGET_S`. A value that is not a number of seconds in :data:`BUDGET_RANGE` is a UserError."""
-    text = os.environ.get(BUDGET_ENV, "").strip()
+def seconds_from_env(var: str, default: float, bounds: tuple[float, float], what: str) -> float:
+    """``$var`` as seconds, else ``default``; a value that is not a number within ``bounds`` is a
+    UserError that says it should give ``what`` ("the seconds ...")."""
+    text = os.environ.get(var, "").strip()
     if not text:
-        return BUDGET_S
+        return default
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    low, high = BUDGET_RANGE
+    low, high = bounds
     if not low <= value <= high:  # also false for nan
-        raise UserError(f"${BUDGET_ENV}={text[:40]!r}: give the seconds one remote operation may take, "
-                        f"{low:.0f} to {high:.0f} (default {BUDGET_S:.0f})")
+        raise UserError(f"${var}={text[:40]!r}: give {what}, {low:.0f} to {high:.0f} (default {default:.0f})")
     return value
+
+
+def budget_from_env() -> float:
+    """Seconds one remote operation may take before its bytes: ``$COSYCOMPILE_REMOTE_BUDGET_S``, else
+    :data:`BUDGET_S`. A value that is not a number of seconds in :data:`BUDGET_RANGE` is a UserError."""
+    return seconds_from_env(BUDGET_ENV, BUDGET_S, BUDGET_RANGE, "the seconds one remote operation may take")
 
 
 def parse_url(value: str, where: str = "remote cache URL") -> str:

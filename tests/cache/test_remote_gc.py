@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -44,22 +43,13 @@ def _pushed(store: Store, remote: RemoteCache, labels: list[str]) -> dict[str, E
     return entries
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    server = MotoServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def test_old_unpinned_entries_and_the_blobs_only_they_named_go(moto: MotoServer, tmp_path: Path,
+def test_old_unpinned_entries_and_the_blobs_only_they_named_go(moto_server: MotoServer, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     for var in DROP_VARS:
         monkeypatch.delenv(var, raising=False)
-    for var, value in client_vars(moto.endpoint).items():
+    for var, value in client_vars(moto_server.endpoint).items():
         monkeypatch.setenv(var, value)
-    remote = RemoteCache(f"s3://{moto.new_bucket()}/cc")
+    remote = RemoteCache(f"s3://{moto_server.new_bucket()}/cc")
     store = Store(tmp_path / "art")
     e = _pushed(store, remote, ["kept-bundle", "old-a", "old-b"])
     assert len(remote.listing("ac")) == 3 and len(remote.listing("cas")) == 6
