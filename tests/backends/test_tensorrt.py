@@ -775,3 +775,15 @@ def test_rtx_build_of_a_small_graph_and_its_refusals(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="version_compatible"):
         build(_graphs_dir(tmp_path / "src5"), _options(flavour="auto", version_compatible=True), TARGETS["rtx4090"],
               tmp_path / "o5")
+
+
+def test_a_build_that_asks_for_more_than_the_workspace_says_what_to_set() -> None:
+    from cosycompile.backends.tensorrt.build import workspace_hint
+
+    # The error line TensorRT-RTX 1.7.1 printed for the 0.5B LLM's decode step with a 4 GiB limit.
+    errors = ["[localCheckMacros.cpp::getErrorStr::132] Error Code 2: OutOfMemory (Requested size was 5749825296 bytes.)"]
+    assert workspace_hint(errors, 4.0) == ("(it asked for 5.4 GiB, more than engine.options.workspace_gib: 4; "
+                                           "set it to at least 6 for this stage)")
+    assert workspace_hint(errors, 8.0) is None  # within the limit: not the workspace's fault
+    assert workspace_hint(["Error Code 4: Internal Error (no implementation)"], 4.0) is None
+    assert _options().workspace_gib * 2**30 > 5749825296  # the default fits that build

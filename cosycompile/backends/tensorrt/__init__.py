@@ -80,7 +80,9 @@ class Options(BaseModel):
 
     flavour: Literal["auto", "tensorrt", "rtx"] = Field(
         "auto", description="builder: auto = TensorRT-RTX for RTX-class targets when installed, else TensorRT")
-    workspace_gib: float = Field(4.0, gt=0, description="builder workspace memory pool limit")
+    # 4 GiB failed TensorRT-RTX 1.7's build of the 0.5B LLM's decode step (docs/bench-log/2026-11-30-cluster-
+    # simulation-0.5b.md).
+    workspace_gib: float = Field(8.0, gt=0, description="builder workspace memory pool limit (GiB)")
     builder_optimization_level: int = Field(3, ge=0, le=5, description="0 builds fastest, 5 searches most")
     hardware_compatibility: Literal["none", "same_compute_capability", "ampere_plus"] = Field(
         "none", description="GPUs the engine may run on besides the target's model (TensorRT-RTX: compute "

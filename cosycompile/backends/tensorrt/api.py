@@ -66,8 +66,9 @@ class TrtApi:
         return f"{'TensorRT-RTX' if self.flavour == 'rtx' else 'TensorRT'} {self.version}"
 
     def logger(self) -> Any:
-        """A logger that prints errors, prints each distinct warning once (TensorRT repeats some for
-        every layer) and keeps the warnings for the passport (``.warnings``: message -> count)."""
+        """A logger that prints errors (and keeps them, ``.errors``), prints each distinct warning once
+        (TensorRT repeats some for every layer) and keeps the warnings for the passport (``.warnings``:
+        message -> count)."""
         trt = self.trt
         error = int(trt.ILogger.Severity.ERROR)
         warning = int(trt.ILogger.Severity.WARNING)
@@ -76,10 +77,12 @@ class TrtApi:
             def __init__(self) -> None:
                 trt.ILogger.__init__(self)
                 self.warnings: dict[str, int] = {}
+                self.errors: list[str] = []
 
             def log(self, severity: Any, msg: str) -> None:
                 level = int(severity)
                 if level <= error:
+                    self.errors.append(msg)
                     print(f"[{label}] error: {msg}", file=sys.stderr, flush=True)
                 elif level == warning:
                     if msg not in self.warnings:

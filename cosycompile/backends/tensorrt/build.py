@@ -9,7 +9,9 @@ input's shape is resolved from the spec (fixed sizes, dim names, products such a
 
 from __future__ import annotations
 
+import math
 import queue
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,20 @@ def _check_network_inputs(network: Any, shapes: dict[str, dict[str, tuple[int, .
 
 
 # ---------------------------------------------------------------------------------------------- build
+
+_OUT_OF_MEMORY = re.compile(r"OutOfMemory \(Requested size was (\d+) bytes")
+
+
+def workspace_hint(errors: list[str], workspace_gib: float) -> str | None:
+    """What to change when the builder's errors say it asked for more memory than the workspace limit
+    (TensorRT-RTX reports it as OutOfMemory, also on a machine with memory to spare); None otherwise."""
+    asked = [int(m.group(1)) for e in errors if (m := _OUT_OF_MEMORY.search(e))]
+    if not asked or max(asked) <= workspace_gib * 2**30:
+        return None
+    need = max(asked) / 2**30
+    return (f"(it asked for {need:.1f} GiB, more than engine.options.workspace_gib: {workspace_gib:g}; "
+            f"set it to at least {math.ceil(need)} for this stage)")
+
 
 def _parser_error(parser: Any, graph: str, api: TrtApi) -> BackendUnavailable:
     """The parser's first error as one line naming the graph and the node."""
@@ -209,7 +225,8 @@ def _build_graph(api: TrtApi, path: Path, name: str, spec: dict[str, Any], info:
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BackendUnavailable(f"graph '{name}': {api.label} could not build an engine for {', '.join(ccs)} "
-                                 "(its log above says why)")
+                                 + (workspace_hint(getattr(logger, "errors", []), options.workspace_gib)
+                                    or "(its log above says why)"))
     facts = {
         "compute_capabilities": ccs,
         "dims": dims,
