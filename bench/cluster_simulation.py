@@ -260,7 +260,7 @@ def main() -> int:
     kinds = sorted({KNOWN[t].sm_tag for t in args.targets})
     total = sum(n.seconds for n in nodes.values())
     runs = [simulate(nodes, n, kinds, tail) for n in args.nodes]
-    assumed = sorted({n.kind for n in nodes.values() if n.assumed})
+    assumed = sorted({f"{n.name} ({n.kind})" for n in nodes.values() if n.assumed})
     print(f"matrix: {len(rows)} (family, recipe, target) rows, {len(nodes)} distinct steps "
           f"({sum(len(n.recipes) for n in nodes.values())} before merging by key); {len(skipped)} rows skipped")
     recipes = {family: [name for name, _, _ in rs] for family, rs in rows_by_family().items()}
@@ -271,7 +271,7 @@ def main() -> int:
     print(f"rows planned without checks (engines served by a process the checks do not run): {len(unchecked)}")
     print(f"work: {total:.1f} s in all; critical path {length:.1f} s: "
           + " -> ".join(f"{nodes[k].name} ({nodes[k].seconds:.1f})" for k in chain))
-    print(f"durations assumed (no cache recorded the step) for kinds: {', '.join(assumed) or 'none'}")
+    print(f"durations assumed (no cache recorded the step): {', '.join(assumed) or 'none'}")
     print("GPU kinds: " + ", ".join(kinds) + "; kind j on node j mod N, node i has kind i mod %d; "
           "every node runs CPU steps" % len(kinds))
     print("| nodes | wall s | speed-up vs 1 | busy share |\n|---|---|---|---|")
