@@ -51,8 +51,8 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.fixture(params=["seaweedfs", "file"])
 def shared(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, dict]:
-    """A remote for two builder processes: an S3 server and a folder (moto's conditional create is
-    covered by the claim tests that take ``remote``)."""
+    """A remote shared by processes: an S3 server and a folder (moto answers a conditional create as
+    SeaweedFS does: test_remote.py's first-writer test, and the gc test here)."""
     return _remote(request, tmp_path, monkeypatch)
 
 
@@ -102,8 +102,8 @@ time.sleep(600)
 """
 
 
-def test_a_killed_holder_is_taken_over_after_its_ttl_and_not_before(remote: tuple[str, dict], tmp_path: Path) -> None:
-    url, env = remote
+def test_a_killed_holder_is_taken_over_after_its_ttl_and_not_before(shared: tuple[str, dict], tmp_path: Path) -> None:
+    url, env = shared
     key = _key(f"killed-{tmp_path}")
     code = HOLDER.format(repo=str(HERE.parents[1]), root=str(tmp_path / "holder"), url=url, key=key)
     holder = subprocess.Popen([sys.executable, "-c", code], env={**env, TTL_ENV: str(TTL)}, text=True,
