@@ -294,24 +294,31 @@ def _running(node: RayNode, step: str) -> bool:
     return any(cmdline(p).startswith("ray::") and f"cosycompile {step}" in cmdline(p) for p in descendants(node.proc.pid))
 
 
-def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any],
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from cosycompile.cache.local import Store
-    from cosycompile.cache.remote import RemoteCache
-    from s3_servers import DROP_VARS, client_vars
+# Holds a claim on a key in the remote cache until a line comes on stdin. A process of its own: the
+# private network namespace is this test thread's, not that of fsspec's IO thread in this process.
+CLAIMANT = """
+import sys
+from cosycompile.cache.local import Store
+from cosycompile.cache.remote import RemoteCache
+store = Store(sys.argv[2]); store.ensure_writable()
+claim = RemoteCache(sys.argv[1]).claim(store, sys.argv[3], "hift.export", lambda _: None)
+print("held", flush=True)
+sys.stdin.readline()
+claim.release()
+"""
 
+
+def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[str, Any]) -> None:
     work = cluster["work"]
-    for var in DROP_VARS:
-        monkeypatch.delenv(var, raising=False)
-    for var, value in client_vars(cluster["server"].endpoint).items():
-        monkeypatch.setenv(var, value)
     key = _keys(cluster["recipes"]["two-drivers"])["hift.export"]
     url = f"s3://{cluster['server'].new_bucket()}/team"
     # This test claims the step first, so that both drivers' tasks are running, one on each CPU node
     # (one CPU each), before either may build it; then it lets go. Without claims both would build it.
-    store = Store(work / "test-claimant")
-    store.ensure_writable()
-    claim = RemoteCache(url).claim(store, key, "hift.export", lambda _: None)
+    claimant = subprocess.Popen([sys.executable, "-c", CLAIMANT, url, str(work / "test-claimant"), key],
+                                env=cluster["env"], cwd=REPO, text=True, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert claimant.stdout is not None and claimant.stdin is not None
+    assert claimant.stdout.readline().strip() == "held", claimant.communicate(timeout=30)[1][-2000:]
     extra = RayNode("cpu2", work, {k: v for k, v in cluster["env"].items() if k != "RAY_ADDRESS"}, head=False, cpus=1)
     try:
         wait_for_nodes(3, cluster["env"], nodes=[*cluster["nodes"].values(), extra])
@@ -322,10 +329,10 @@ def test_two_drivers_at_once_on_two_cpu_nodes_build_the_step_once(cluster: dict[
             assert all(d.poll() is None for d in drivers), [d.communicate()[1][-2000:] for d in drivers]
             time.sleep(0.2)
         both = all(_running(n, "hift.export") for n in nodes)
-        claim.release()
+        claimant.communicate("release\n", timeout=60)
         outs = [d.communicate(timeout=600) for d in drivers]
     finally:
-        claim.release()
+        claimant.kill()
         extra.kill()
     wait_for_nodes(2, cluster["env"])
     assert both, "the two drivers' tasks were not running on the two CPU nodes at once"
