@@ -15,8 +15,8 @@ wins. No clocks are compared across machines. A holder cut off from the remote f
 ``ttl`` may lose its claim: the step is then built twice and the first push wins, as without claims
 (wasted work, never a wrong entry).
 
-``$COSYCOMPILE_CLAIM_TTL_S`` sets ``ttl`` (:data:`TTL_S` by default): how long a killed holder
-keeps the others waiting.
+``$COSYCOMPILE_CLAIM_TTL_S`` sets ``ttl`` (:data:`TTL_S` by default; read when the remote cache is
+opened): how long a killed holder keeps the others waiting.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def acquire(remote: RemoteCache, store: Store, key: str, step: str, waiting: Cal
     """
     from cosycompile.cache.remote import RemoteCorrupt
 
-    ttl = ttl_from_env() if ttl is None else ttl
+    ttl = remote.claim_ttl_s if ttl is None else ttl
     poll = min(2.0, ttl / 8)
     seen: tuple[int, bytes] | None = None
     since = time.monotonic()

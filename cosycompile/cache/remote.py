@@ -196,6 +196,11 @@ class RemoteCache:
         self.url = parse_url(url, where)
         self.storage_options = dict(storage_options or {})
         self.budget_s = budget_from_env() if budget_s is None else float(budget_s)
+        # Read here, with the budget, so that a bad value is refused before any work, not when the
+        # first claim is made (where a remote failure is only a warning).
+        from cosycompile.cache.claims import ttl_from_env
+
+        self.claim_ttl_s = ttl_from_env()
         self._fs: Any = None
         self._root = ""
         self._deadline: float | None = None  # monotonic end of the operation under way, if any

@@ -426,3 +426,11 @@ def test_a_megabyte_without_a_sentence_end_splits_within_the_bound() -> None:
     pieces = split_text(text, 80)
     assert time.perf_counter() - t0 < MAX_SECONDS
     assert "".join(pieces) == text and all(text_weight(p) <= 80 for p in pieces)
+
+
+def test_a_bad_claim_ttl_is_refused_before_any_work(tmp_path: Path, followup: CachedBuild) -> None:
+    # Read when the remote cache is opened: at the first claim, a failure would only be a warning.
+    env = {**os.environ, "COSYCOMPILE_CLAIM_TTL_S": "abc"}
+    args = ["build", str(_recipe(tmp_path)), "--cache-remote", (tmp_path / "remote").as_uri()]
+    refused(args, "$COSYCOMPILE_CLAIM_TTL_S='abc'", "2 to 3600", cwd=tmp_path, followup=followup, env=env)
+    assert not (tmp_path / "remote").exists()
