@@ -142,6 +142,7 @@ def _stream(server: Server, text: str, arm: str) -> dict[str, Any]:
             chunks.append(result.as_numpy("waveform")[0])
     finally:
         g.stop_stream()
+        g.close()
     return {"first_s": first, "total_s": total, "chunks": len(chunks), "wav": np.concatenate(chunks)}
 
 
@@ -152,6 +153,7 @@ def _offline(server: Server, text: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     wav = client.infer(_family(server) + "_offline", _inputs(httpclient, text, "offline_prompt")).as_numpy("waveform")[0]
     total = time.perf_counter() - t0
+    client.close()  # an open connection holds tritonserver's exit for its whole exit timeout (30 s)
     return {"first_s": total, "total_s": total, "chunks": 1, "wav": wav}
 
 
@@ -163,7 +165,9 @@ def _family(server: Server) -> str:
     if server.http not in _FAMILY:
         import tritonclient.http as httpclient
 
-        names = [m["name"] for m in httpclient.InferenceServerClient(server.http).get_model_repository_index()]
+        index = httpclient.InferenceServerClient(server.http)
+        names = [m["name"] for m in index.get_model_repository_index()]
+        index.close()
         _FAMILY[server.http] = next(n for n in names if not n.endswith("_offline"))
     return _FAMILY[server.http]
 

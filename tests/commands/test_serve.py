@@ -63,6 +63,8 @@ def _infer(http: str, text: str) -> tuple[np.ndarray | None, str]:
         return client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform"), ""
     except InferenceServerException as exc:
         return None, str(exc)
+    finally:
+        client.close()  # an open connection holds tritonserver's exit for its whole exit timeout
 
 
 def _compute_ns(http: str) -> tuple[int, int]:

@@ -173,6 +173,7 @@ def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthe
     t0 = time.perf_counter()
     http_wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
     http_s = time.perf_counter() - t0
+    client.close()  # an open connection holds tritonserver's exit for its whole exit timeout (30 s)
     assert http_wav.shape[0] == 1 and http_wav.dtype == np.float32
     http_wav = http_wav[0]
 
@@ -194,6 +195,7 @@ def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthe
             chunks.append(result.as_numpy("waveform")[0])
     finally:
         g.stop_stream()
+        g.close()
     assert len(chunks) == 6, [c.shape for c in chunks]  # 3 token chunks per text piece
     assert len(chunks[0]) < len(chunks[1]) < len(chunks[2])  # the hop grows
     grpc_wav = np.concatenate(chunks)
@@ -226,10 +228,13 @@ def test_a_cached_speaker_matches_synthesize_with_it(server: dict[str, Any], bui
             inputs.append(inp)
         return client.infer("cosyvoice2_offline", inputs).as_numpy("waveform")[0]
 
-    wav = infer("alice")
-    assert wav.shape == ref.shape and np.abs(ref - wav).max() <= 1.01 / 32768
-    with pytest.raises(InferenceServerException, match="no speaker 'bob'"):
-        infer("bob")
+    try:
+        wav = infer("alice")
+        assert wav.shape == ref.shape and np.abs(ref - wav).max() <= 1.01 / 32768
+        with pytest.raises(InferenceServerException, match="no speaker 'bob'"):
+            infer("bob")
+    finally:
+        client.close()
 
 
 def test_bytes_text_works_or_is_refused_with_the_utf8_hint(server: dict[str, Any]) -> None:
@@ -245,6 +250,7 @@ def test_bytes_text_works_or_is_refused_with_the_utf8_hint(server: dict[str, Any
     except InferenceServerException as exc:
         assert "target_text_utf8" in str(exc), str(exc)
     assert client.is_model_ready("cosyvoice2_offline")  # the stub survived the request
+    client.close()
 
 
 def test_server_stops(server: dict[str, Any]) -> None:

@@ -120,6 +120,7 @@ def check_tritonserver_serves_the_same_audio(build: dict[str, Any], tmp_path: Pa
         client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
         served = [client.infer(f"{model}_offline", [utf8("target_text_utf8", text), *extra]).as_numpy("waveform")[0]
                   for _, extra in cases]
+        client.close()  # an open connection holds tritonserver's exit for its whole exit timeout (30 s)
     for (args, _), got in zip(cases, served):
         want = synthesized(*args)
         # synthesize writes PCM16: the same samples agree to within its quantization step.
