@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast test-vllm test-gpu fuzz bench bench-gpu gpu-wheels lint clean
+.PHONY: install demo test test-extended test-fast test-vllm test-gpu fuzz bench bench-gpu gpu-wheels lint clean
 
 install: $(STAMP)
 
@@ -34,6 +34,12 @@ TEST_WORKERS ?= 2
 test: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m "not serial"
 	$(PY) -m pytest -q -p no:cacheprovider -m serial
+
+# The tests marked extended (pytest's -m must name them: tests/conftest.py), which `make test` and CI
+# leave out to keep CI's test time bounded: whole GPU-recipe sweeps, every stage through AOTInductor,
+# the Ray matrix, the benchmark scripts. Run before a release and before an issue is closed.
+test-extended: install
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m extended
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" -p no:cacheprovider

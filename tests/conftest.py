@@ -51,8 +51,9 @@ def followup(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> CachedBuil
 
 # Opt-in markers: their tests run only when the ``-m`` expression names them. ``model05b``: a
 # 0.5B-shaped model (GBs of weights, minutes; ``make bench``). ``vllm``: a real vLLM in its own venv
-# (``make test-vllm``, which CI runs after ``make test``).
-OPT_IN = ("model05b", "vllm")
+# (``make test-vllm``, which CI runs after ``make test``). ``extended``: what keeps CI's test time
+# bounded (``make test-extended``; docs/ci.md says what each tier holds).
+OPT_IN = ("model05b", "vllm", "extended")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

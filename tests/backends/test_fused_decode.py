@@ -2,7 +2,7 @@
 interpreter against ``LLMStaticStep`` on the tiny LM: FP32 weights must give the static step's
 logits and cache, the reduced formats its logits' direction. The interpreter's Triton lives in its
 own folder (``make install`` puts it in ``.venv/triton-interpreter``) so that the venv's PyTorch
-never imports it."""
+never imports it. The interpreter's run (over a minute) is the extended tier's (`make test-extended`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def results() -> list[dict]:
     return json.loads(done.stdout)
 
 
+@pytest.mark.extended
 def test_fp32_weights_give_the_static_steps_logits_and_cache(results: list[dict]) -> None:
     exact = [r for r in results if r["weights"] == "fp32"]
     assert {(r["batch"], r["past"], r.get("split", False)) for r in exact} == {(1, 7, False), (2, 9, False),
@@ -40,6 +41,7 @@ def test_fp32_weights_give_the_static_steps_logits_and_cache(results: list[dict]
         assert r["cache_relative"] < 1e-5, r
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("weights, cosine", [("bf16", 0.999), ("int8", 0.995), ("fp8", 0.99)])
 def test_reduced_weights_keep_the_logits_direction(results: list[dict], weights: str, cosine: float) -> None:
     (r,) = [r for r in results if r["weights"] == weights]

@@ -1,6 +1,10 @@
 """The torch backend: AOTInductor packages from torch.export programs, built for real on this CPU
 from the tiny model, checked against the PyTorch FP32 reference by the normal build; the BF16 cast;
-refusals (recipe errors, a GPU target on a machine without CUDA, a package for a newer CPU)."""
+refusals (recipe errors, a GPU target on a machine without CUDA, a package for a newer CPU).
+
+`make test` compiles the LLM stage alone (one package, about a minute); the whole of
+recipes/cpu-torch.yaml (four packages, HiFT's the largest) and its INT8/BF16 variant are the
+``extended`` tier's (`make test-extended`)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_cli, until_outputs, write_recipe
+from seed_store import seeded
 
 pytestmark = pytest.mark.slow
 
@@ -32,6 +37,42 @@ def torch_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, P
     return art, recipe, bundle
 
 
+@pytest.fixture(scope="module")
+def llm_build(tmp_path_factory: pytest.TempPathFactory, seed: Path) -> tuple[Path, dict[str, Path]]:
+    """(artifacts, ``--until check`` outputs) of recipes/cpu-torch.yaml's LLM stage alone on builtin:tiny,
+    over the session's seed (its model and reference are cached there)."""
+    tmp = tmp_path_factory.mktemp("torch-llm")
+    art = seeded(seed, tmp / "art")
+    recipe = write_recipe(tmp / "torch-llm.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "torch-llm",
+        "stages": {"flow": {"enabled": False}, "hift": {"enabled": False}},
+        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
+    })
+    out: dict[str, Path] = {}
+    for until in ("engine", "check"):  # `--until` names the outputs of the steps it stops at
+        res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", until, "-q", timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "Warning" not in res.stderr, res.stderr[-3000:]  # PyTorch's notes on its own internals stay out
+        out.update(until_outputs(res.stdout))
+    return art, out
+
+
+def test_the_llm_step_compiles_and_matches_the_reference(llm_build: tuple[Path, dict[str, Path]]) -> None:
+    _, out = llm_build
+    metrics = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
+    # An FP32 package agrees with eager PyTorch to float32 rounding (the same network, other kernels).
+    assert metrics["max_abs_logit_error"] < 1e-4 and metrics["greedy_identical_ratio"] == 1.0, metrics
+    engine = out["llm.engine"]
+    passport = json.loads((engine / "engine.json").read_text())
+    assert passport["backend"] == "torch" and passport["device"] == "cpu" and passport["precision"] == "fp32"
+    assert passport["cpu_capability"] and passport["inductor"]["freezing"] is True
+    graphs = json.loads((engine / "graphs.json").read_text())["graphs"]
+    assert set(graphs) == {"llm_step"}  # the static-cache step is for GPU targets only
+    assert graphs["llm_step"]["format"] == "aoti" and (engine / graphs["llm_step"]["file"]).suffix == ".pt2"
+    assert not list(engine.rglob("*.onnx"))
+
+
+@pytest.mark.extended
 def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path, Path, Path]) -> None:
     _, _, bundle = torch_build
     report = json.loads((bundle / "report.json").read_text())
@@ -55,6 +96,7 @@ def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path,
     assert not list((bundle / "engines").rglob("*.onnx"))  # no ONNX in the engines
 
 
+@pytest.mark.extended
 def test_gpu_llm_export_decodes_over_the_static_cache(torch_build: tuple[Path, Path, Path], tmp_path: Path) -> None:
     """A GPU target's LLM programs carry the static-cache step (a CPU target's do not: the CPU engines
     above hold llm_step only); compiled for this CPU, the runtime decodes through it with the logits
@@ -113,12 +155,14 @@ def test_gpu_llm_export_decodes_over_the_static_cache(torch_build: tuple[Path, P
     assert len(growing) > 0 and np.array_equal(rt.generate(text, Prompt.empty(), greedy), growing)
 
 
+@pytest.mark.extended
 def test_second_build_is_all_cached(torch_build: tuple[Path, Path, Path]) -> None:
     art, recipe, _ = torch_build
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0 and "ran: nothing (all cached)" in res.stdout, res.stdout + res.stderr
 
 
+@pytest.mark.extended
 def test_int8_llm_and_bf16_flow_compile_and_hold_quality(torch_build: tuple[Path, Path, Path]) -> None:
     """recipes/cpu-torch-int8 with the flow cast to BF16 (cpu-amx's flow) on the tiny model: torch_dynamic's
     INT8 LLM program and torch_autocast's BF16 flow programs compile to packages that pass the stage checks
@@ -188,17 +232,16 @@ def test_gpu_target_without_cuda_is_left_for_a_gpu_machine(tmp_path: Path) -> No
     assert "sees no CUDA device" in res.stdout
 
 
-def test_package_for_a_newer_cpu_is_refused(torch_build: tuple[Path, Path, Path], tmp_path: Path) -> None:
+def test_package_for_a_newer_cpu_is_refused(llm_build: tuple[Path, dict[str, Path]], tmp_path: Path) -> None:
     from cosycompile.errors import BackendUnavailable
     from cosycompile.runtime.loading import stage_runtime
 
-    _, _, bundle = torch_build
-    engine = shutil.copytree(bundle / "engines" / "hift", tmp_path / "hift")
+    engine = shutil.copytree(llm_build[1]["llm.engine"], tmp_path / "llm")
     passport = json.loads((engine / "engine.json").read_text())
     passport["cpu_capability"] = "AVX1024"  # a vector ISA this CPU does not have
     (engine / "engine.json").write_text(json.dumps(passport))
     with pytest.raises(BackendUnavailable, match=r"compiled for AVX1024 CPUs and this CPU is \w+; rebuild"):
-        stage_runtime("hift", engine, 1)
+        stage_runtime("llm", engine, 1)
 
 
 def test_program_export_holds_past_the_traced_size(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,10 +349,10 @@ def test_cuda_quantized_linears_pass_their_checks(tmp_path: Path, fmt: str) -> N
     assert llm["logit_cosine"] >= 0.99 and flow["cfm_mel_snr_db_min"] >= 30, (llm, flow)
 
 
-def test_builds_leave_no_weights_in_inductors_cache(torch_build: tuple[Path, Path, Path]) -> None:
+def test_builds_leave_no_weights_in_inductors_cache(llm_build: tuple[Path, dict[str, Path]]) -> None:
     """Each package's shared object (weights linked in) is removed from Inductor's cache once the package
     holds it; the kernel caches stay."""
-    art, _, _ = torch_build
+    art, _ = llm_build
     work = art / "cache" / "shared" / "inductor"
     assert work.is_dir() and any(work.iterdir())
     assert not list(work.glob("*/*.wrapper.so"))

@@ -65,6 +65,7 @@ def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_p
     assert {e["backend"] for e in out["engines"].values()} == {"onnxruntime"}
 
 
+@pytest.mark.extended
 def test_gpu_inductor_runs_its_phases_on_a_cpu(tmp_path: Path) -> None:
     """The lease script's code paths, without CUDA graphs: eager and compiled static steps, INT8 linears,
     Inductor's tuned kernels as a ``format=`` phase entry, and the pipeline with its quality, in one JSON."""
@@ -155,6 +156,7 @@ def test_machine_timeline_spells_are_runs_of_one_state() -> None:
     assert spells([0, 1], [1, 1]) == {"threads_win": [], "threads_lose": [1]}
 
 
+@pytest.mark.extended
 def test_llm_decode_rows_carry_their_probes(tmp_path: Path) -> None:
     res = _bench("llm_decode.py", "--model", "builtin:tiny", "--device", "cpu", "--formats", "fp32", "--batches", "1",
                  "--tokens", "4", "--pairs", "2", "--min-seconds", "0", "--artifacts", str(tmp_path))

@@ -125,6 +125,7 @@ def test_gc_keeps_what_bundles_need_and_drops_least_recently_used(concurrent: di
     _verify_clean(art)
 
 
+@pytest.mark.extended
 def test_sigkill_at_every_step_boundary(tmp_path: Path) -> None:
     """Kill the build the moment each step reports done; every restart picks up where the last
     one stopped, no step runs twice, and the cache is clean after every kill."""

@@ -130,6 +130,7 @@ def test_keep_fp32_errors_are_one_line(tmp_path: Path, keep: list[str], says: st
     assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
+@pytest.mark.extended
 def test_fp8_program_for_h100_is_written_on_a_cpu_machine(tmp_path: Path) -> None:
     """An H100 recipe's FP8 flow program is quantized here (the engine step is left for the GPU); the
     program runs on this CPU through torch's FP8 emulation and stays close to the FP32 program."""

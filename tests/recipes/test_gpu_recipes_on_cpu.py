@@ -32,6 +32,10 @@ def _target(path: Path) -> str | None:
 
 TARGETS = {p.name: _target(p) for p in sorted((REPO / "recipes").glob("*.yaml"))}
 GPU_RECIPES = [name for name, target in TARGETS.items() if target not in (None, "cpu")]
+# `make test` builds one TensorRT-RTX recipe per family and one TensorRT-LLM recipe; the others (every
+# shipped GPU recipe is built by one tier or the other) are the extended tier's: h100-torch alone spends
+# most of two minutes in AOTInductor program exports.
+CI_RECIPES = {"rtx4090-fp16.yaml", "l20-int8.yaml", "cv3-rtx4090-fp16.yaml", "cv1-rtx4090-fp16.yaml"}
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -53,9 +57,11 @@ def test_the_gpu_recipes_of_every_family_are_found() -> None:
     assert families == {"tiny", "cv3", "cv1"}
     assert {"l20-int8.yaml", "h100-fp8.yaml", "rtx4090-fp16.yaml", "cv3-l20-int8.yaml", "cv3-h100-fp8.yaml",
             "cv3-rtx4090-fp16.yaml", "cv1-l20-int8.yaml", "cv1-rtx4090-fp16.yaml"} <= set(GPU_RECIPES)
+    assert CI_RECIPES <= set(GPU_RECIPES)
 
 
-@pytest.mark.parametrize("name", GPU_RECIPES)
+@pytest.mark.parametrize("name", [n if n in CI_RECIPES else pytest.param(n, marks=pytest.mark.extended)
+                                  for n in GPU_RECIPES])
 def test_gpu_recipe_builds_up_to_its_engines(name: str, art: Path) -> None:
     shipped = REPO / "recipes" / name
     recipe = write_recipe(art.parent / "recipes" / name, {

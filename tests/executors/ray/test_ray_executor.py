@@ -132,6 +132,7 @@ def matrix(cluster: dict[str, Any]) -> dict[str, Any]:
     return {"res": res, "url": url, "seconds": time.perf_counter() - t0}
 
 
+@pytest.mark.extended
 def test_matrix_places_each_step_by_its_hardware_and_builds_each_once(cluster: dict[str, Any],
                                                                        matrix: dict[str, Any]) -> None:
     res = matrix["res"]
@@ -164,6 +165,7 @@ def test_matrix_places_each_step_by_its_hardware_and_builds_each_once(cluster: d
     assert re.search(r"^\| llm\.engine\s+\| \w{12}\s+\|.*\| sm89\s+\|$", (rtx / "report.md").read_text(), re.M)
 
 
+@pytest.mark.extended
 def test_matrix_bundles_equal_local_builds(cluster: dict[str, Any], matrix: dict[str, Any], seed: Path) -> None:
     _ok(matrix["res"])
     work, r = cluster["work"], cluster["recipes"]
