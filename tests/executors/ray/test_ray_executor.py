@@ -187,6 +187,7 @@ def test_matrix_bundles_equal_local_builds(cluster: dict[str, Any], matrix: dict
     assert (work / "driver" / "builds" / Path(plan.stdout.strip().splitlines()[-1].split(": ", 1)[1]).name).is_dir()
 
 
+@pytest.mark.extended  # over the matrix's cache
 def test_a_target_no_node_offers_is_left_with_exit_3(cluster: dict[str, Any], matrix: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     res = _cli("build", str(cluster["recipes"]["h100-fp8"]), "--executor", "ray", "--cache-remote", matrix["url"],
@@ -269,6 +270,7 @@ def test_the_driver_killed_then_rerun_builds_nothing_twice(cluster: dict[str, An
     assert all(len(where.get(k, [])) == 1 for k in fresh), {k[:12]: where.get(k) for k in fresh}
 
 
+@pytest.mark.extended  # over the matrix's cache
 def test_a_gpu_recipes_checks_go_to_a_node_with_its_gpu(cluster: dict[str, Any], matrix: dict[str, Any]) -> None:
     work = cluster["work"]
     # A node that offers sm89 and says it has a GPU (Ray counts a real machine's GPUs itself). It has
