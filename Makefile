@@ -36,8 +36,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider -m serial
 
 # The tests marked extended (pytest's -m must name them: tests/conftest.py), which `make test` and CI
-# leave out to keep CI's test time bounded: whole GPU-recipe sweeps, every stage through AOTInductor,
-# the Ray matrix, the benchmark scripts. Run before a release and before an issue is closed.
+# leave out to keep CI's test time bounded (docs/ci.md, "The project's test tiers").
 test-extended: install
 	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m extended
 
