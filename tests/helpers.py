@@ -51,6 +51,19 @@ def until_outputs(stdout: str) -> dict[str, Path]:
     return out
 
 
+@contextmanager
+def triton_http(address: str, timeout_s: float = 600) -> Iterator[Any]:
+    """A tritonclient HTTP client of the server at ``address``, closed on exit: an open connection
+    holds tritonserver's exit (SIGTERM) for its whole exit timeout, 30 s."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(address, connection_timeout=timeout_s, network_timeout=timeout_s)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` loopback ports free at the time of asking."""
     socks = [socket.socket() for _ in range(n)]

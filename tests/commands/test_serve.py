@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from helpers import free_ports, one_line_error, run_cli
+from helpers import free_ports, one_line_error, run_cli, triton_http
 from hostile_harness import CachedBuild
 
 pytestmark = pytest.mark.slow
@@ -55,16 +55,14 @@ def _infer(http: str, text: str) -> tuple[np.ndarray | None, str]:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    client = httpclient.InferenceServerClient(http, connection_timeout=300, network_timeout=300)
     data = np.frombuffer(text.encode(), np.uint8)[None]
     inp = httpclient.InferInput("target_text_utf8", list(data.shape), "UINT8")
     inp.set_data_from_numpy(data)
-    try:
-        return client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform"), ""
-    except InferenceServerException as exc:
-        return None, str(exc)
-    finally:
-        client.close()  # an open connection holds tritonserver's exit for its whole exit timeout
+    with triton_http(http, timeout_s=300) as client:
+        try:
+            return client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform"), ""
+        except InferenceServerException as exc:
+            return None, str(exc)
 
 
 def _compute_ns(http: str) -> tuple[int, int]:

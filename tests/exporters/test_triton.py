@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from helpers import (REPO, config_tensors, instance_kind, one_line_error, parse_model_config, run_cli,
-                     tritonserver, write_recipe)
+                     triton_http, tritonserver, write_recipe)
 from seed_store import SMALL_INT8, seeded
 
 pytestmark = pytest.mark.slow
@@ -167,13 +167,12 @@ def test_http_and_grpc_streaming_match_synthesize(server: dict[str, Any], synthe
     import tritonclient.http as httpclient
 
     text = _utf8(TEXT)
-    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
     inp = httpclient.InferInput("target_text_utf8", list(text.shape), "UINT8")
     inp.set_data_from_numpy(text)
-    t0 = time.perf_counter()
-    http_wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
-    http_s = time.perf_counter() - t0
-    client.close()  # an open connection holds tritonserver's exit for its whole exit timeout (30 s)
+    with triton_http(server["http"]) as client:
+        t0 = time.perf_counter()
+        http_wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
+        http_s = time.perf_counter() - t0
     assert http_wav.shape[0] == 1 and http_wav.dtype == np.float32
     http_wav = http_wav[0]
 
@@ -218,9 +217,8 @@ def test_a_cached_speaker_matches_synthesize_with_it(server: dict[str, Any], bui
     res = run_cli("synthesize", str(build["bundle"]), "--text", TEXT, "--speaker", "alice", "--out", str(out))
     assert res.returncode == 0, res.stderr[-2000:]
     ref, _ = sf.read(str(out), dtype="float32")
-    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
 
-    def infer(name: str) -> np.ndarray:
+    def infer(client: Any, name: str) -> np.ndarray:
         inputs = []
         for tensor, value in (("target_text_utf8", TEXT), ("speaker_utf8", name)):
             inp = httpclient.InferInput(tensor, [1, len(value.encode())], "UINT8")
@@ -228,29 +226,26 @@ def test_a_cached_speaker_matches_synthesize_with_it(server: dict[str, Any], bui
             inputs.append(inp)
         return client.infer("cosyvoice2_offline", inputs).as_numpy("waveform")[0]
 
-    try:
-        wav = infer("alice")
+    with triton_http(server["http"]) as client:
+        wav = infer(client, "alice")
         assert wav.shape == ref.shape and np.abs(ref - wav).max() <= 1.01 / 32768
         with pytest.raises(InferenceServerException, match="no speaker 'bob'"):
-            infer("bob")
-    finally:
-        client.close()
+            infer(client, "bob")
 
 
 def test_bytes_text_works_or_is_refused_with_the_utf8_hint(server: dict[str, Any]) -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
-    client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
     inp = httpclient.InferInput("target_text", [1, 1], "BYTES")
     inp.set_data_from_numpy(np.array([["Hi."]], dtype=object))
-    try:
-        wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
-        assert wav.size > 0  # a stub whose numpy bridge works reads BYTES
-    except InferenceServerException as exc:
-        assert "target_text_utf8" in str(exc), str(exc)
-    assert client.is_model_ready("cosyvoice2_offline")  # the stub survived the request
-    client.close()
+    with triton_http(server["http"]) as client:
+        try:
+            wav = client.infer("cosyvoice2_offline", [inp]).as_numpy("waveform")
+            assert wav.size > 0  # a stub whose numpy bridge works reads BYTES
+        except InferenceServerException as exc:
+            assert "target_text_utf8" in str(exc), str(exc)
+        assert client.is_model_ready("cosyvoice2_offline")  # the stub survived the request
 
 
 def test_server_stops(server: dict[str, Any]) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from cosycompile.validate.metrics import snr_db
-from helpers import EVAL_SET, REPO, run_cli, tritonserver, write_recipe
+from helpers import EVAL_SET, REPO, run_cli, triton_http, tritonserver, write_recipe
 
 
 def build_shipped(tmp_path_factory: pytest.TempPathFactory, recipe: str) -> dict[str, Any]:
@@ -116,11 +116,9 @@ def check_tritonserver_serves_the_same_audio(build: dict[str, Any], tmp_path: Pa
         return inp
 
     cases = [((), [])] + ([(("--speaker", speaker), [utf8("speaker_utf8", speaker)])] if speaker else [])
-    with tritonserver(repo, tmp_path / "server") as server:
-        client = httpclient.InferenceServerClient(server["http"], connection_timeout=600, network_timeout=600)
+    with tritonserver(repo, tmp_path / "server") as server, triton_http(server["http"]) as client:
         served = [client.infer(f"{model}_offline", [utf8("target_text_utf8", text), *extra]).as_numpy("waveform")[0]
                   for _, extra in cases]
-        client.close()  # an open connection holds tritonserver's exit for its whole exit timeout (30 s)
     for (args, _), got in zip(cases, served):
         want = synthesized(*args)
         # synthesize writes PCM16: the same samples agree to within its quantization step.
