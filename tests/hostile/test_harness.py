@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_harness import CachedBuild, refused, store_state, tree_state
+from hostile_harness import CachedBuild, cached_build, refused, store_state, tree_state
 
 
 def test_a_command_that_succeeds_is_not_a_refusal(tmp_path: Path, followup: CachedBuild) -> None:
@@ -37,3 +37,18 @@ def test_a_new_cache_entry_or_staging_dir_is_seen(tmp_path: Path) -> None:
     middle = store_state(tmp_path)
     (tmp_path / "cache" / "tmp" / "step-1").mkdir(parents=True)
     assert before != middle != store_state(tmp_path)
+
+
+def test_a_case_that_damages_the_shared_store_fails_the_follow_up_build(tmp_path: Path, seed: Path) -> None:
+    # A refused command that also appends a byte to one cached file: no entry.json or bundle changes,
+    # so only the follow-up build (the store drops the damaged entry and builds its step again) sees it.
+    private = cached_build(tmp_path / "private", seed)
+    damaged = next(p for p in sorted(private.art.glob("cache/objects/*/*/data/**/*")) if p.is_file())
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(f"open({str(damaged)!r}, 'ab').write(b'x')\n")
+    case = tmp_path / "case"
+    case.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(hook)}
+    with pytest.raises(AssertionError, match="the follow-up build failed"):
+        refused(["report", case / "absent"], cwd=case, followup=private, env=env)
