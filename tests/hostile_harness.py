@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -63,14 +64,44 @@ class Bounded:
     rss_mb: float
 
 
+# Runs the CLI as its child and reports "<exit code> <peak RSS in KiB>" on the file descriptor it is
+# given. Linux carries a process's memory high-water mark across fork and exec, so a CLI started by the
+# pytest worker itself would report the worker's RSS (GBs once a test has loaded models) as its own; a
+# CLI forked from this small interpreter starts from the interpreter's few MB.
+_LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(sys.executable, [sys.executable, "-m", "cosycompile", *sys.argv[2:]])
+    finally:
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+os.write(int(sys.argv[1]), f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}".encode())
+"""
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended on its own
+
+
 def run_bounded(args: list[str], cwd: Path, env: dict[str, str] | None = None,
                 kill_after: float = 3 * MAX_SECONDS) -> Bounded:
     """The real CLI in a subprocess: exit status, output, wall seconds and its own peak RSS (from
-    ``wait4``, so no other process counts). A run past ``kill_after`` is killed (exit -9)."""
+    ``wait4`` in a small launcher, so no other process counts). A run past ``kill_after`` is killed
+    with its launcher (exit -9)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "cosycompile", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    timer = threading.Timer(kill_after, proc.kill)
+    report_r, report_w = os.pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(report_w), *args], cwd=cwd, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                pass_fds=(report_w,), start_new_session=True)
+    finally:
+        os.close(report_w)
+    timer = threading.Timer(kill_after, _kill_group, (proc.pid,))
     timer.start()
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
@@ -78,13 +109,16 @@ def run_bounded(args: list[str], cwd: Path, env: dict[str, str] | None = None,
     try:
         err = proc.stderr.read() if proc.stderr else ""
         reader.join()
-        _, status, usage = os.wait4(proc.pid, 0)
+        proc.wait()
+        with os.fdopen(report_r, "rb") as report:
+            words = report.read().split()
     finally:
         timer.cancel()
-        if proc.returncode is None and proc.poll() is None:
-            proc.kill()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return Bounded(proc.returncode, out[0] if out else "", err, time.perf_counter() - t0, usage.ru_maxrss / 1024)
+        if proc.poll() is None:
+            _kill_group(proc.pid)
+            proc.wait()
+    rc, rss_kib = (int(words[0]), int(words[1])) if len(words) == 2 else (-signal.SIGKILL, 0)
+    return Bounded(rc, out[0] if out else "", err, time.perf_counter() - t0, rss_kib / 1024)
 
 
 def tree_state(root: Path, skip: Path | None = None) -> dict[str, tuple]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_harness import CachedBuild, cached_build, refused, store_state, tree_state
+from hostile_harness import MAX_RSS_MB, CachedBuild, cached_build, refused, run_bounded, store_state, tree_state
 
 
 def test_a_command_that_succeeds_is_not_a_refusal(tmp_path: Path, followup: CachedBuild) -> None:
@@ -52,3 +52,14 @@ def test_a_case_that_damages_the_shared_store_fails_the_follow_up_build(tmp_path
     env = {**os.environ, "PYTHONPATH": str(hook)}
     with pytest.raises(AssertionError, match="the follow-up build failed"):
         refused(["report", case / "absent"], cwd=case, followup=private, env=env)
+
+
+def test_the_peak_memory_is_the_commands_own_not_the_test_process(tmp_path: Path) -> None:
+    # Linux hands a process's high-water mark on across fork and exec: a CLI started straight from a
+    # worker that holds GBs used to report the worker's peak as its own.
+    held = bytearray(MAX_RSS_MB * 1024 * 1024)
+    held[::4096] = b"\x01" * len(held[::4096])  # resident, not just reserved
+    run = run_bounded(["recipe", "--options"], tmp_path)
+    assert run.rc == 0, run.err
+    assert run.rss_mb < MAX_RSS_MB / 3, f"{run.rss_mb:.0f} MB"
+    del held
