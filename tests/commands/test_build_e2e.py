@@ -103,6 +103,7 @@ def test_plan_shows_reasons_without_work(built: dict, tmp_path: Path) -> None:
     assert before == sorted(p.name for p in (built["art"] / "cache" / "objects").glob("*/*"))
 
 
+@pytest.mark.extended  # tests/recipes/test_shared_steps.py shows the shared reference key in make test
 def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, tmp_path: Path) -> None:
     """cpu-fp32 then cpu-int8 on one model: the PyTorch reference runs once, in one cache entry."""
     assert built["res"].returncode == 0
@@ -120,15 +121,17 @@ def test_second_recipe_on_the_same_model_reuses_the_fp32_reference(built: dict, 
     assert steps.count("pipeline.check") >= 2
 
 
-def test_cached_speed_without_warmup_counts_the_eval_synthesis(built: dict, tmp_path: Path) -> None:
+def test_cached_speed_without_warmup_counts_the_eval_synthesis(seed: Path, tmp_path: Path) -> None:
     """reference: cached, warmup 0: the first eval item's synthesis is the first timed run of the
     stage and end-to-end workloads (split by stage), the other runs are whole syntheses too."""
+    art = seeded(seed, tmp_path / "art")
     recipe = write_recipe(tmp_path / "r.yaml", {
-        "extends": str(REPO / "recipes" / "cpu-fp32.yaml"), "name": "cpu-fp32-cached",
-        "validation": {"speed": {"reference": "cached", "warmup": 0, "runs": 2, "throughput": []}}}, base=False)
-    res = run_cli("build", str(recipe), "--artifacts", str(built["art"]), "-q")
+        **FOLLOWUP, "name": "cpu-fp32-cached",
+        "validation": {**FOLLOWUP["validation"], "speed": {"reference": "cached", "warmup": 0, "runs": 2,
+                                                           "throughput": []}}}, base=False)
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
-    (bundle,) = list((built["art"] / "builds").glob("cpu-fp32-cached-*"))
+    (bundle,) = list((art / "builds").glob("cpu-fp32-cached-*"))
     speed = json.loads((bundle / "report.json").read_text())["speed"]
     parts = [speed[s]["built_s"] for s in ("llm", "flow", "hift")]
     for name in ("llm", "flow", "hift", "end_to_end"):

@@ -40,6 +40,22 @@ def test_one_calibration_per_family(plans: dict[str, dict[str, str]]) -> None:
     assert all(len(keys) == 1 for keys in by_family.values()), dict(by_family)
 
 
+def test_the_recipes_of_one_model_share_one_reference(plans: dict[str, dict[str, str]]) -> None:
+    # The FP32 reference is keyed by the model, the eval items and the code, not by how the engines are
+    # quantized: cpu-fp32, then cpu-int8 on one model, run it once (the build-level proof is
+    # tests/commands/test_build_e2e.py's, in the extended tier).
+    from cosycompile.recipe.schema import load_recipe
+
+    by_model: dict[str, set[str]] = defaultdict(set)
+    for name, keys in plans.items():
+        if "reference" in keys:
+            by_model[load_recipe(REPO / "recipes" / f"{name}.yaml").model].add(keys["reference"])
+    assert {"cpu-fp32", "cpu-int8", "cpu-int4", "cv1-cpu-int8", "cv3-cpu-int8"} <= \
+        {name for name, keys in plans.items() if "reference" in keys}
+    assert set(by_model) == {"builtin:tiny", "builtin:cv1-tiny", "builtin:cv3-tiny"}
+    assert all(len(keys) == 1 for keys in by_model.values()), dict(by_model)
+
+
 def test_the_same_llm_quantization_is_one_step(plans: dict[str, dict[str, str]]) -> None:
     int8 = {plans[r]["llm.quantize"] for r in ("cpu-int8", "cpu-fast", "cpu-int8-dynamic", "cpu-amx")}
     assert len(int8) == 1, int8
