@@ -160,7 +160,7 @@ def test_no_space_left_is_one_line_and_leaves_nothing_half_written(tmp_path: Pat
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root): the full-disk case is not exercised")
     try:
-        art, recipe = mnt / "art", _recipe(tmp_path, "full")
+        art, recipe = mnt / "art", _recipe(tmp_path, "full", hift_only=True)
         res = subprocess.run(_build_cmd(recipe, art), capture_output=True, text=True, timeout=1800)
         err = res.stderr.strip().splitlines()
         assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]

@@ -137,16 +137,19 @@ def test_a_recipe_that_calibrates_fewer_stages_reuses_the_calibration(cpu_int8: 
     assert status["llm.quantize"] != "RUN", status
 
 
-def _bad(tmp: Path, extra: str) -> tuple[int, str, Path]:
+def _bad(tmp: Path, extra: str, seed: Path | None = None) -> tuple[int, str, Path]:
+    """A build of cpu-int8 changed by ``extra``, in a new artifacts dir (a copy of ``seed``'s entries
+    if given: a refusal in a late step then costs only that step)."""
     recipe = write_recipe(tmp / "bad.yaml", f"extends: {REPO / 'recipes' / 'cpu-int8.yaml'}\nname: bad\n" + extra)
-    art = tmp / "art"
+    art = seeded(seed, tmp / "art") if seed is not None else tmp / "art"
     res = run_cli("build", str(recipe), "--artifacts", str(art), "-q")
     return res.returncode, res.stderr.strip(), art
 
 
-def _no_entries(art: Path, steps: set[str]) -> None:
-    for e in (art / "cache" / "objects").glob("*/*/entry.json"):
-        assert json.loads(e.read_text())["step"] not in steps
+def _entries_of(art: Path, steps: set[str]) -> set[str]:
+    """The cache entries of ``art`` (their folder names, which are their keys) made by one of ``steps``."""
+    return {e.parent.name for e in (art / "cache" / "objects").glob("*/*/entry.json")
+            if json.loads(e.read_text())["step"] in steps}
 
 
 def _one_line(err: str) -> None:
@@ -207,12 +210,17 @@ def test_llm_exclusion_matching_nothing(tmp_path: Path) -> None:
     assert not (art / "cache" / "objects").exists() or not list((art / "cache" / "objects").glob("*/*/entry.json"))
 
 
-def test_flow_exclusion_matching_nothing(tmp_path: Path) -> None:
-    rc, err, art = _bad(tmp_path, "calibration: {max_items: 2}\nstages:\n  llm: {enabled: false}\n"
-                                  "  flow:\n    quantize: {exclude: ['/no_such_node/']}\n")
+def test_flow_exclusion_matching_nothing(tmp_path: Path, seed: Path) -> None:
+    # Over the seed (its cpu-int8 calibrated on the same two items, its reference of one eval item):
+    # only flow.quantize runs, and fails.
+    downstream = {"flow.quantize", "flow.engine", "flow.check", "pipeline.check"}
+    seeded_entries = _entries_of(seed, downstream)
+    rc, err, art = _bad(tmp_path, "calibration: {max_items: 2}\nvalidation: {max_items: 1}\nstages:\n"
+                                  "  llm: {enabled: false}\n"
+                                  "  flow:\n    quantize: {exclude: ['/no_such_node/']}\n", seed=seed)
     assert rc == 2 and "/no_such_node/" in err and "matches no node" in err
     _one_line(err)
-    _no_entries(art, {"flow.quantize", "flow.engine", "flow.check", "pipeline.check"})
+    assert _entries_of(art, downstream) == seeded_entries
 
 
 def test_autoawq_method_is_a_clear_error_when_it_cannot_run(tmp_path: Path) -> None:
