@@ -54,9 +54,10 @@ $(VLLM_STAMP): constraints.txt
 	touch $(VLLM_STAMP)
 
 # The HF checkpoints of builtin:tiny (FP32, and INT8 through the vllm backend) loaded by that vLLM through
-# the shipped plug-in (tests marked vllm).
+# the shipped plug-in (tests marked vllm). A vLLM process on a CPU keeps about one core busy, and its
+# start-up waits on the other: the test files run side by side, as make test's do.
 test-vllm: install $(VLLM_STAMP)
-	COSYCOMPILE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -m vllm -p no:cacheprovider
+	COSYCOMPILE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m vllm
 
 # The property-based hostile inputs of tests/hostile/test_fuzz.py, long and random (CI runs 40
 # seeded examples per target); FUZZ_EXAMPLES sets how many.
