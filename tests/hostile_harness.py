@@ -73,6 +73,7 @@ import os, sys
 pid = os.fork()
 if pid == 0:
     try:
+        os.close(int(sys.argv[1]))  # only this launcher writes the report, and it must not wait on the CLI's children
         os.execv(sys.executable, [sys.executable, "-m", "cosycompile", *sys.argv[2:]])
     finally:
         os._exit(127)
