@@ -100,6 +100,9 @@ def run_bounded(args: list[str], cwd: Path, env: dict[str, str] | None = None,
         proc = subprocess.Popen([sys.executable, "-S", "-c", _LAUNCHER, str(report_w), *args], cwd=cwd, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 pass_fds=(report_w,), start_new_session=True)
+    except BaseException:
+        os.close(report_r)
+        raise
     finally:
         os.close(report_w)
     timer = threading.Timer(kill_after, _kill_group, (proc.pid,))
