@@ -171,3 +171,81 @@ def test_int8_is_chosen_for_torch_and_not_for_onnxruntime(tmp_path: Path) -> Non
         "format": "int8", "quantizer": "torch_dynamic"}}}})
     res = run_cli("plan", str(bad), "--artifacts", str(tmp_path / "art"))
     assert res.returncode == 2 and "quantizer 'torch_dynamic' writes ops only torch runs" in res.stderr, res.stderr
+
+
+def _sdpa(q: Any, k: Any, v: Any, mask: Any) -> Any:
+    import torch
+
+    return torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                            attn_mask=mask if mask is None or mask.dtype == torch.bool
+                                                            else mask.double()).float()
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "additive", "boolean", "per-head"])
+def test_int8_attention_is_close_to_sdpa_and_applies_its_mask(mask_kind: str) -> None:
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import int8_attention
+
+    g = torch.Generator().manual_seed(0)
+    B, H, T, D = 2, 3, 37, 16  # a frame count that is not a multiple of 8
+    q, k, v = (torch.randn(B, H, T, D, generator=g) * 2 for _ in range(3))
+    keep = torch.rand(B, 1, T, T, generator=g) > 0.3
+    keep[..., 0] = True  # no row without a key
+    mask = {"none": None, "additive": torch.where(keep, 0.0, -1e4), "boolean": keep,
+            "per-head": torch.where(keep.expand(B, H, T, T), 0.0, -1e4)}[mask_kind]
+    want = _sdpa(q, k, v, mask)
+    got = int8_attention(q, k, v, mask, D ** -0.5)
+    rel = float((want - got).norm() / want.norm())
+    assert got.shape == want.shape and 0 < rel < 0.03, rel
+    if mask is not None:
+        # The mask is applied: the result is far nearer attention with it than attention without it.
+        unmasked = float((_sdpa(q, k, v, None) - got).norm() / want.norm())
+        assert unmasked > 10 * rel, (unmasked, rel)
+
+
+def test_attention_int8_rewrites_every_attention_of_the_estimator(programs: dict) -> None:
+    """Every attention node of the tiny estimator becomes two _int_mm per batch row and head; the
+    program re-exports and stays close to FP32."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
+    from cosycompile.quantize.torch_dynamic.quantize import Program
+    from cosycompile.stages.common import export_program
+
+    entry = programs["flow_estimator"]
+    sdpa = [n for n in entry["program"].graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
+    assert sdpa
+    batch, heads = (sdpa[0].args[0].meta["val"].shape[i] for i in (0, 1))
+    gm = entry["program"].module()
+    done = rewrite_attention(gm)
+    assert done == {"int8_attention": len(sdpa), "kept_fp32": {}}
+    program, _ = export_program(Program(gm), entry["spec"], entry["info"])
+    counts = _call_counts(program)
+    assert counts["aten._int_mm.default"] == 2 * batch * heads * len(sdpa)
+    assert not [n for n in program.graph.nodes if "scaled_dot_product" in str(n.target)]
+    with torch.no_grad():
+        want = _first(entry["program"].module()(*entry["inputs"]))
+        got = _first(program.module()(*entry["inputs"]))
+    assert 0 < float((want - got).norm() / want.norm()) < 0.01
+
+
+def test_attention_int8_keeps_causal_attention() -> None:
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
+
+    class Causal(torch.nn.Module):
+        def forward(self, q: Any) -> Any:
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+    gm = torch.export.export(Causal(), (torch.randn(1, 2, 8, 4),)).module()
+    done = rewrite_attention(gm)
+    assert done["int8_attention"] == 0 and list(done["kept_fp32"].values()) == ["dropout, is_causal or enable_gqa set"]
+
+
+def test_attention_int8_for_a_gpu_target_is_one_line(tmp_path: Path) -> None:
+    recipe = _flow_only(tmp_path, {"format": "int8", "attention": "int8"}, target="h100")
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "stages.flow.quantize.attention: int8 runs on CPU targets only" in res.stderr, res.stderr

@@ -3,8 +3,9 @@
 Every ``aten.linear`` of a chosen program whose weight is a constant is rewritten in the program
 itself: the weight is stored quantized (INT8 per output channel, or FP8 E4M3 per tensor), and the
 input is quantized as it flows (INT8 per row, FP8 per tensor) before ``torch._int_mm`` or
-``torch._scaled_mm``; the result is rescaled to FP32. Convolutions, attention products and
-normalisations stay FP32. No calibration data: the ranges come from each call's own activations.
+``torch._scaled_mm``; the result is rescaled to FP32. With ``attention: int8`` (CPU targets) the
+attention products go to INT8 too (``attention.py``). Convolutions and normalisations stay FP32.
+No calibration data: the ranges come from each call's own activations.
 
 The programs are the same for a CPU and a GPU target except one thing CUDA's INT8 GEMM demands:
 more than 16 rows, so GPU programs pad the rows by 16 zeros and slice them off. ``_int_mm`` has
@@ -32,6 +33,9 @@ class Spec(BaseModel):
     format: Literal["int8", "fp8"] = Field(description="the format the graphs are quantized to")
     graphs: list[str] | None = Field(None, description="graphs to quantize (default: the stage's quantizable "
                                                         "graphs, or all of them when it marks none, as the LLM)")
+    attention: Literal["fp32", "int8"] = Field(
+        "fp32", description="precision of the attention products (Q.K and P.V) of the quantized graphs; "
+                            "int8 is for CPU targets and needs a fixed batch and head count")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
                                              "whose linears stay FP32")

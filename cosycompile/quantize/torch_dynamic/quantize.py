@@ -13,6 +13,7 @@ from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
+from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
@@ -117,17 +118,26 @@ def _get(gm: torch.nn.Module, dotted: str) -> torch.Tensor:
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
-    """Rewrite the linears of each chosen program; the other programs are linked through."""
+    """Rewrite the linears (and, with ``attention: int8``, the attention) of each chosen program; the
+    other programs are linked through."""
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 
     s, stage = ctx.spec, ctx.params["stage"]
-    pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and ctx.params.get("target_kind") == "gpu" else 0
+    gpu = ctx.params.get("target_kind") == "gpu"
+    pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and gpu else 0
+    if s.attention == "int8" and gpu:
+        raise RecipeError(f"stages.{stage}.quantize.attention: int8 runs on CPU targets only (CUDA's INT8 GEMM "
+                          "needs inner sizes that are multiples of 8, which a frame count is not)")
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         gm = load_program(src.graph_path(name)).module()
         result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32))
         ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
+        if s.attention == "int8":
+            result["attention"] = rewrite_attention(gm)
+            ctx.log(f"{name}: {result['attention']['int8_attention']} attention nodes to int8, "
+                    f"{len(result['attention']['kept_fp32'])} kept FP32")
         program, _ = export_program(Program(gm), get_stage(stage).graph(name), src.info)
         save_program(program, dst)
         return result

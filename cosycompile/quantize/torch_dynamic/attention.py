@@ -1,0 +1,99 @@
+"""INT8 attention products for CPU programs: ``scaled_dot_product_attention`` as two ``torch._int_mm``
+per head, with the softmax between them in FP32.
+
+Q is quantized per row (one scale per token and head), K per head, V per column (one scale per
+channel and head), all symmetric over [-127, 127]; one scale per head for K leaves a single factor per
+score row, which keeps the score kernel short. The softmax runs on the dequantized scores in FP32. Its
+probabilities are quantized against their row's maximum, which is exp(0) = 1 before normalising, so
+they take all 255 levels of a signed byte as ``round(254 e) - 127``; the offset comes back exactly as
+127 times V's column sums, and the normalising sum folds into the output scale.
+
+The loop over batch and heads is unrolled when the program is traced, so only graphs whose batch and
+head counts are fixed qualify; every other attention node stays as it was. CPU only: CUDA's INT8
+GEMM wants more than 16 rows and inner sizes that are multiples of 8, which a frame count is not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_LEVELS = 127  # symmetric INT8
+_P_STEPS = 254  # softmax probabilities in [0, 1] onto [-127, 127]
+
+
+def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scale: float) -> torch.Tensor:
+    """``scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` with INT8 products.
+
+    q, k, v [B, H, T, D] with B and H fixed; mask additive (float) or boolean (True = attend),
+    broadcastable to [B, H, T, S].
+    """
+    B, H = q.shape[0], q.shape[1]
+    # Scales multiply (no division): Inductor recomputes them inside the score kernel, per element.
+    q_s = q.abs().amax(-1, keepdim=True).clamp(min=1e-8) * (1 / _LEVELS)
+    k_s = k.abs().amax((-2, -1), keepdim=True).clamp(min=1e-8) * (1 / _LEVELS)
+    v_s = v.abs().amax(-2, keepdim=True).clamp(min=1e-8) * (1 / _LEVELS)
+    q_q = torch.round(q / q_s).to(torch.int8)
+    k_q = torch.round(k / k_s).to(torch.int8)
+    v_q = torch.round(v / v_s).to(torch.int8)
+    # What the -127 offset of the probabilities takes from P.V, per output channel.
+    v_offset = v_q.sum(-2, keepdim=True, dtype=torch.int32) * (_P_STEPS // 2)
+    qk_s = q_s * k_s * scale  # one factor per query row
+    outs = []
+    for b in range(B):
+        for h in range(H):
+            scores = torch._int_mm(q_q[b, h], k_q[b, h].t()).float() * qk_s[b, h]
+            if mask is not None:
+                m = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0]
+                scores = scores + m if m.is_floating_point() else scores.masked_fill(~m, float("-inf"))
+            e = torch.exp(scores - scores.amax(-1, keepdim=True))
+            p_q = (torch.round(e * _P_STEPS) - _P_STEPS // 2).to(torch.int8)
+            acc = torch._int_mm(p_q, v_q[b, h]) + v_offset[b, h]
+            outs.append(acc.float() * (v_s[b, h] / (_P_STEPS * e.sum(-1, keepdim=True))))
+    return torch.stack(outs).unflatten(0, (B, H))
+
+
+def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """Replace, in place, every ``aten.scaled_dot_product_attention`` of ``gm`` that qualifies with
+    :func:`int8_attention`. Returns how many were replaced and why the others were kept."""
+    graph = gm.graph
+    done, kept = 0, {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.scaled_dot_product_attention.default:
+            continue
+        why = _why_not(node)
+        if why:
+            kept[node.name] = why
+            continue
+        q, k, v = node.args[:3]
+        mask = _arg(node, 3, "attn_mask", None)
+        scale = _arg(node, 6, "scale", None)
+        if scale is None:
+            scale = q.meta["val"].shape[-1] ** -0.5
+        with graph.inserting_before(node):
+            new = graph.call_function(int8_attention, (q, k, v, mask, float(scale)))
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        done += 1
+    gm.recompile()
+    return {"int8_attention": done, "kept_fp32": kept}
+
+
+def _arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(name, default)
+
+
+def _why_not(node: torch.fx.Node) -> str:
+    """Why this attention node keeps its FP32 kernel ('' when it can be rewritten)."""
+    if _arg(node, 4, "dropout_p", 0.0) or _arg(node, 5, "is_causal", False) or _arg(node, 7, "enable_gqa", False):
+        return "dropout, is_causal or enable_gqa set"
+    shapes = [a.meta["val"].shape for a in node.args[:3] if isinstance(a, torch.fx.Node) and "val" in a.meta]
+    if len(shapes) != 3 or any(len(s) != 4 for s in shapes):
+        return "q, k, v are not all 4-D"
+    if not all(isinstance(n, int) for s in shapes for n in s[:2]):
+        return "batch or head count not fixed"
+    return ""
