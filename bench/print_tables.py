@@ -369,6 +369,11 @@ def torch_backend_rows(d: Json) -> list[Row]:
             rows.append([f"`torch_backend`: {what}, {engine} against ONNX Runtime FP32",
                          median_cell(r.get("speedup"), r.get("spread"), r.get("pairs")),
                          DASH if q is None else f"{unit} {q:.1f} dB"])
+            own = r.get("vs_own_fp32")
+            if isinstance(own, dict):
+                rows.append([f"`torch_backend`: {what}, {engine} against the torch FP32 package",
+                             median_cell(own.get("speedup"), own.get("spread"), own.get("pairs")),
+                             DASH if q is None else f"{unit} {q:.1f} dB"])
     return rows
 
 

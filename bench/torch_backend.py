@@ -3,11 +3,13 @@ builtin:random-0.5b, flow estimator and HiFT, in ONE run with interleaved pairs.
 
 Builds through the normal cached build graph: the flow and HiFT engines of recipes/cpu-fp32.yaml
 (ONNX Runtime FP32) and recipes/cpu-torch.yaml (AOTInductor FP32), the flow of cpu-torch with
-``quantize: {format: bf16}`` (torch_autocast) and with ``{format: int8}`` (torch_dynamic: INT8
-linears through torch._int_mm), and the flow of recipes/cpu-int8-dynamic.yaml (ONNX Runtime dynamic
-INT8) for comparison. Then, same inputs, same thread count:
-- flow estimator: one call at T frames, batch 2 (CFG); mel SNR after the full 10-step CFM against
-  the PyTorch FP32 reference with identical noise;
+``quantize: {format: bf16}`` (torch_autocast), with ``{format: int8}`` (torch_dynamic: INT8
+linears through torch._int_mm) and with ``{format: int8, attention: int8}`` (the attention products
+too, as recipes/cpu-torch-int8.yaml builds it), and the flow of recipes/cpu-int8-dynamic.yaml (ONNX
+Runtime dynamic INT8) for comparison. Then, same inputs, same thread count:
+- flow estimator: one call at T frames, batch 2 (CFG), against the ONNX Runtime FP32 engine and, for
+  the torch packages, against the torch FP32 package (their own FP32 engine); mel SNR after the
+  full 10-step CFM against the PyTorch FP32 reference with identical noise;
 - HiFT: mel -> wav for T frames; waveform SNR against the PyTorch FP32 reference;
 - the compute bound: FLOPs of one estimator call (torch's FLOP counter) and the GEMM throughput of
   this machine measured in the same run (2048^3 matmul, FP32 and BF16).
@@ -73,6 +75,9 @@ def main() -> int:
                   "stages": {"flow": {"quantize": {"format": "bf16"}}}}, "bench-torch-bf16", ("flow",), art)
     int8 = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common,
                   "stages": {"flow": {"quantize": {"format": "int8"}}}}, "bench-torch-int8", ("flow",), art)
+    int8_attn = build({"extends": str(REPO / "recipes" / "cpu-torch.yaml"), **common,
+                       "stages": {"flow": {"quantize": {"format": "int8", "attention": "int8"}}}},
+                      "bench-torch-int8-attention", ("flow",), art)
     ort_int8 = build({"extends": str(REPO / "recipes" / "cpu-int8-dynamic.yaml"), **common}, "bench-ort-int8-dynamic",
                      ("flow",), art)
     build_s = time.perf_counter() - t0
@@ -104,6 +109,7 @@ def main() -> int:
              "torch fp32": stage_runtime("flow", aoti["flow"], args.threads),
              "torch bf16": stage_runtime("flow", bf16["flow"], args.threads),
              "torch int8 (torch._int_mm)": stage_runtime("flow", int8["flow"], args.threads),
+             "torch int8, int8 attention": stage_runtime("flow", int8_attn["flow"], args.threads),
              "onnxruntime dynamic int8": stage_runtime("flow", ort_int8["flow"], args.threads)}
     tokens = rng.integers(0, 6561, T // 2)
     prompt = Prompt.empty()
@@ -129,6 +135,12 @@ def main() -> int:
                              "spread": r.spread, "pairs": r.pairs, "by_state": ratio_by_state(r),
                              "gflops": out["estimator_gflop"] / r.candidate_s,
                              "mel_snr_db_after_cfm": mel_snr_db(ref_mel, rt.mel(tokens, prompt))}
+        if name.startswith("torch") and name != "torch fp32":
+            own = flows["torch fp32"]
+            r = paired_ratio(lambda: own.estimator_call(*feeds), lambda: rt.estimator_call(*feeds), pairs=args.pairs,
+                             min_seconds=args.min_seconds, probe=probe)
+            out["flow"][name]["vs_own_fp32"] = {"speedup": r.ratio, "spread": r.spread, "pairs": r.pairs,
+                                                "torch_fp32_ms": 1000 * r.reference_s, "ms": 1000 * r.candidate_s}
     mel = ref_mel.astype(np.float32)
     hifts = {"onnxruntime fp32": stage_runtime("hift", ort_e["hift"], args.threads),
              "torch fp32": stage_runtime("hift", aoti["hift"], args.threads)}
@@ -145,15 +157,18 @@ def main() -> int:
     print(f"{args.model}, T={T} frames, {args.threads} threads, {out['machine']}, torch {out['torch']} "
           f"({out['cpu_capability']}); GEMM {out['gemm_gflops']['float32']:.0f} GFLOP/s fp32, "
           f"{out['gemm_gflops']['bfloat16']:.0f} bf16; estimator call {out['estimator_gflop']:.1f} GFLOP")
-    print("| stage | engine | ms | vs ONNX Runtime FP32 (median of pairs, spread) | quality vs PyTorch FP32 |")
-    print("|---|---|---|---|---|")
+    print("| stage | engine | ms | vs ONNX Runtime FP32 (median of pairs, spread) | vs torch FP32 (same) | "
+          "quality vs PyTorch FP32 |")
+    print("|---|---|---|---|---|---|")
     for name, f in out["flow"].items():
+        own = f.get("vs_own_fp32")
+        own_cell = f"{own['speedup']:.2f}x ({own['spread'][0]:.2f}-{own['spread'][1]:.2f}, {own['pairs']} pairs)" if own else ""
         print(f"| flow estimator (batch 2) | {name} | {f['ms']:.0f} | {f['speedup']:.2f}x ({f['spread'][0]:.2f}-"
-              f"{f['spread'][1]:.2f}, {f['pairs']} pairs) | mel SNR {f['mel_snr_db_after_cfm']:.1f} dB after 10 CFM steps; "
-              f"{f['gflops']:.0f} GFLOP/s |")
+              f"{f['spread'][1]:.2f}, {f['pairs']} pairs) | {own_cell} | mel SNR {f['mel_snr_db_after_cfm']:.1f} dB "
+              f"after 10 CFM steps; {f['gflops']:.0f} GFLOP/s |")
     for name, h in out["hift"].items():
         print(f"| HiFT | {name} | {h['ms']:.0f} | {h['speedup']:.2f}x ({h['spread'][0]:.2f}-{h['spread'][1]:.2f}, "
-              f"{h['pairs']} pairs) | waveform SNR {h['waveform_snr_db']:.1f} dB |")
+              f"{h['pairs']} pairs) | | waveform SNR {h['waveform_snr_db']:.1f} dB |")
     print("\nBy the machine's state before each pair (threads win or lose to one thread on a small parallel op):")
     print("| stage | engine | state | pairs | ONNX Runtime FP32 ms | engine ms | speed-up | copy GB/s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -73,6 +73,32 @@ def test_the_llm_step_compiles_and_matches_the_reference(llm_build: tuple[Path, 
 
 
 @pytest.mark.extended
+def test_int8_attention_flow_compiles_and_holds_quality(tmp_path: Path, seed: Path) -> None:
+    """recipes/cpu-torch-int8's flow (INT8 linears and INT8 attention products, the loop over heads
+    unrolled) compiled for real on the tiny model: the estimator package holds the quantized program
+    and the flow check against the PyTorch FP32 reference passes, its error above FP32 rounding."""
+    recipe = write_recipe(tmp_path / "flow-int8.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-flow-int8",
+        "stages": {"llm": {"enabled": False}, "hift": {"enabled": False}},
+        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
+    })
+    art = seeded(seed, tmp_path / "art")
+    out: dict[str, Path] = {}
+    for until in ("quantize", "engine", "check"):  # `--until` names the outputs of the steps it stops at
+        res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", until, "-q", timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        out.update(until_outputs(res.stdout))
+    quantized = json.loads((out["flow.quantize"] / "graphs.json").read_text())
+    passport = json.loads((out["flow.engine"] / "engine.json").read_text())
+    assert passport["backend"] == "torch" and passport["precision"] == "int8", passport
+    metrics = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
+    assert 1e-4 < metrics["estimator_max_abs_error"] and metrics["cfm_mel_snr_db_min"] > 30, metrics
+    assert quantized["graphs"]["flow_estimator"]["precision"] == "int8"
+    meta = json.loads((out["flow.quantize"].parent / "entry.json").read_text())["meta"]["quantized"]["flow_estimator"]
+    assert meta["attention"] == {"int8_attention": 3, "kept_fp32": {}}, meta  # the tiny estimator's three blocks
+
+
+@pytest.mark.extended
 def test_every_stage_compiles_and_matches_the_reference(torch_build: tuple[Path, Path, Path]) -> None:
     _, _, bundle = torch_build
     report = json.loads((bundle / "report.json").read_text())

@@ -194,7 +194,8 @@ def test_the_formats_the_stored_run_lacks() -> None:
         "torch_backend.json": {"threads": 2, "flow": {
             "onnxruntime fp32": {"speedup": 1.0, "spread": [0.98, 1.05], "pairs": 5, "mel_snr_db_after_cfm": 130.3},
             "torch int8 (torch._int_mm)": {"speedup": 1.16, "spread": [1.1, 1.2], "pairs": 8,
-                                           "mel_snr_db_after_cfm": 45.7}},
+                                           "mel_snr_db_after_cfm": 45.7,
+                                           "vs_own_fp32": {"speedup": 1.5, "spread": [1.41, 1.62], "pairs": 6}}},
             "hift": {"torch fp32": {"speedup": 1.19, "spread": [1.04, 1.34], "pairs": 5, "waveform_snr_db": 81.1}}},
         "llm_decode-cpu.json": {"device": "cpu", "rows": [
             {"format": "int8", "loop": "growing cache", "batch": 8, "speedup_vs_eager_fp32": 4.14,
@@ -207,6 +208,9 @@ def test_the_formats_the_stored_run_lacks() -> None:
         "`torch_backend`: flow estimator, torch int8 (torch._int_mm) against ONNX Runtime FP32": {
             "ratio": "`torch_backend`: flow estimator, torch int8 (torch._int_mm) against ONNX Runtime FP32",
             "median (spread, pairs)": "1.16x (1.10-1.20, 8 pairs)", "quality": "mel SNR 45.7 dB"},
+        "`torch_backend`: flow estimator, torch int8 (torch._int_mm) against the torch FP32 package": {
+            "ratio": "`torch_backend`: flow estimator, torch int8 (torch._int_mm) against the torch FP32 package",
+            "median (spread, pairs)": "1.50x (1.41-1.62, 6 pairs)", "quality": "mel SNR 45.7 dB"},
         "`torch_backend`: HiFT, torch fp32 against ONNX Runtime FP32": {
             "ratio": "`torch_backend`: HiFT, torch fp32 against ONNX Runtime FP32",
             "median (spread, pairs)": "1.19x (1.04-1.34, 5 pairs)", "quality": "waveform SNR 81.1 dB"},
