@@ -38,12 +38,14 @@ def main() -> int:
     args = ap.parse_args()
 
     import torch
+    import torch._inductor.config as inductor
 
     from builtin_models import machine, machine_probes
     from cosycompile.quantize.torch_dynamic.attention import int8_attention
     from cosycompile.validate.speed import paired_ratio
 
     torch.set_num_threads(args.threads)
+    inductor.cpp.enable_kernel_profile = True  # the fused kernels show in the profiler by name
     B, H, T, D = 2, 8, args.frames, 64
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
