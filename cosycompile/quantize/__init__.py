@@ -38,7 +38,7 @@ class QuantizerInfo:
     tools: tuple[str, ...]
     stages: tuple[str, ...] | None = None  # None: every stage with quantizable ONNX graphs
     weight_only: tuple[str, ...] = ()  # formats calibrated from weights alone (no recorded activations)
-    check: Callable[[Any, str], tuple[str, str] | None] | None = None  # (spec, stage) -> (key, reason)
+    check: Callable[[Any, str, Target], tuple[str, str] | None] | None = None  # (spec, stage, target) -> (key, reason)
     backends: tuple[str, ...] | None = None  # the engine backends that run what it writes (None: any)
     quantize: str = ".quantize:quantize"
     name: str = ""

@@ -424,7 +424,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
                     f"stages.{name}.engine.backend to {' or '.join(quantizer.backends)}, or a format backend "
                     f"'{info.name}' takes ({runnable()})")
             qspec = _plugin_spec(quantizer.spec, q, located, qwhere)
-            problem2 = quantizer.check(qspec, name) if quantizer.check else None
+            problem2 = quantizer.check(qspec, name, target) if quantizer.check else None
             if problem2 is None and quantizer.backends is not None and info.name not in quantizer.backends:
                 problem2 = ("quantizer", f"quantizer '{quantizer.name}' writes ops only {', '.join(quantizer.backends)} "
                                          f"runs; backend '{info.name}' cannot run them")

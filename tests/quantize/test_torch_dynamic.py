@@ -249,3 +249,5 @@ def test_attention_int8_for_a_gpu_target_is_one_line(tmp_path: Path) -> None:
     res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
     assert "stages.flow.quantize.attention: int8 runs on CPU targets only" in res.stderr, res.stderr
+    # Refused when the recipe is read: no step ran, so nothing sits in the cache.
+    assert not list((tmp_path / "art").rglob("entry.json"))

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cosycompile.core.targets import Target
 from cosycompile.quantize import QuantizerInfo
 
 FP16_MAX = 65504.0
@@ -52,7 +53,7 @@ class Spec(BaseModel):
                                    description="smallest |alpha| (or divisor) whose reciprocal is safe in FP16")
 
 
-def check(spec: Spec, stage: str) -> tuple[str, str] | None:
+def check(spec: Spec, stage: str, target: Target) -> tuple[str, str] | None:
     """Every ``keep_fp32`` entry must be a valid regex (whether it matches a node is checked on the graph)."""
     for pat in spec.keep_fp32:
         try:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from cosycompile.core.targets import Target
 from cosycompile.quantize import CalibratedSpec, QuantizerInfo
 
 METHODS: dict[str, tuple[str, ...]] = {
@@ -30,7 +31,7 @@ class Spec(CalibratedSpec):
         "auto", description="dtype of the non-quantized parts; auto = fp32 on CPUs, fp16 on GPUs")
 
 
-def check(spec: Spec, stage: str) -> tuple[str, str] | None:
+def check(spec: Spec, stage: str, target: Target) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors."""
     problem = spec.method_problem()
     if problem:

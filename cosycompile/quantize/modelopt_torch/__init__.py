@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from cosycompile.core.targets import Target
 from cosycompile.quantize import CalibratedSpec, QuantizerInfo
 
 METHODS: dict[str, tuple[str, ...]] = {
@@ -36,7 +37,7 @@ class Spec(CalibratedSpec):
         default_factory=lambda: ["onnx"], description="ONNX decode step (CPU), HF and/or TensorRT-LLM checkpoints")
 
 
-def check(spec: Spec, stage: str) -> tuple[str, str] | None:
+def check(spec: Spec, stage: str, target: Target) -> tuple[str, str] | None:
     """Keys the chosen format does not read are errors, so a recipe never carries a dead setting."""
     problem = spec.method_problem()
     if problem:

@@ -21,6 +21,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from cosycompile.core.targets import Target
 from cosycompile.quantize import QuantizerInfo
 
 
@@ -51,6 +52,14 @@ class Spec(BaseModel):
         return patterns
 
 
+def check(spec: Spec, stage: str, target: Target) -> tuple[str, str] | None:
+    """INT8 attention is for CPU targets: its frame counts are not the multiples of 8 CUDA's INT8 GEMM needs."""
+    if spec.attention == "int8" and target.kind == "gpu":
+        return "attention", ("int8 runs on CPU targets only (CUDA's INT8 GEMM needs inner sizes that are "
+                             f"multiples of 8, which a frame count is not); target '{target.name}' is a GPU")
+    return None
+
+
 PLUGIN = QuantizerInfo(
     spec=Spec,
     formats=("int8", "fp8"),
@@ -58,4 +67,5 @@ PLUGIN = QuantizerInfo(
     stages=("llm", "flow", "hift"),
     weight_only=("int8", "fp8"),  # nothing recorded: activation ranges are taken at run time
     backends=("torch",),
+    check=check,
 )
