@@ -181,7 +181,7 @@ def _sdpa(q: Any, k: Any, v: Any, mask: Any) -> Any:
                                                             else mask.double()).float()
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "additive", "boolean", "per-head"])
+@pytest.mark.parametrize("mask_kind", ["none", "additive", "boolean", "per-head", "2-D"])
 def test_int8_attention_is_close_to_sdpa_and_applies_its_mask(mask_kind: str) -> None:
     import torch
 
@@ -193,7 +193,8 @@ def test_int8_attention_is_close_to_sdpa_and_applies_its_mask(mask_kind: str) ->
     keep = torch.rand(B, 1, T, T, generator=g) > 0.3
     keep[..., 0] = True  # no row without a key
     mask = {"none": None, "additive": torch.where(keep, 0.0, -1e4), "boolean": keep,
-            "per-head": torch.where(keep.expand(B, H, T, T), 0.0, -1e4)}[mask_kind]
+            "per-head": torch.where(keep.expand(B, H, T, T), 0.0, -1e4),
+            "2-D": torch.where(keep[0, 0], 0.0, -1e4)}[mask_kind]
     want = _sdpa(q, k, v, mask)
     got = int8_attention(q, k, v, mask, D ** -0.5)
     rel = float((want - got).norm() / want.norm())

@@ -41,12 +41,14 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     # What the -127 offset of the probabilities takes from P.V, per output channel.
     v_offset = v_q.sum(-2, keepdim=True, dtype=torch.int32) * (_P_STEPS // 2)
     qk_s = q_s * k_s * scale  # one factor per query row
+    if mask is not None:
+        mask = mask.expand(B, H, q.shape[2], k.shape[2])  # a view: any broadcastable mask, indexed per head
     outs = []
     for b in range(B):
         for h in range(H):
             scores = torch._int_mm(q_q[b, h], k_q[b, h].t()).float() * qk_s[b, h]
             if mask is not None:
-                m = mask[b if mask.shape[0] > 1 else 0, h if mask.shape[1] > 1 else 0]
+                m = mask[b, h]
                 scores = scores + m if m.is_floating_point() else scores.masked_fill(~m, float("-inf"))
             e = torch.exp(scores - scores.amax(-1, keepdim=True))
             p_q = (torch.round(e * _P_STEPS) - _P_STEPS // 2).to(torch.int8)
