@@ -173,6 +173,70 @@ def test_int8_is_chosen_for_torch_and_not_for_onnxruntime(tmp_path: Path) -> Non
     assert res.returncode == 2 and "quantizer 'torch_dynamic' writes ops only torch runs" in res.stderr, res.stderr
 
 
+def test_every_feed_forward_gelu_of_the_estimator_is_quantized_from_its_input(programs: dict) -> None:
+    """The estimator's feed-forwards (linear, GELU, dropout, linear) take the second linear's row
+    scale from the GELU's input: every GELU of the program goes into an int8_gelu_linear."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.quantize import int8_gelu_linear, rewrite_linears
+
+    entry = programs["flow_estimator"]
+    gelus = [n for n in entry["program"].graph.nodes if n.target is torch.ops.aten.gelu.default]
+    assert gelus
+    gm = entry["program"].module()
+    rewrite_linears(gm, "int8")
+    fused = [n for n in gm.graph.nodes if n.target is int8_gelu_linear]
+    assert len(fused) == len(gelus)
+    assert not [n for n in gm.graph.nodes if n.target is torch.ops.aten.gelu.default]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_a_linear_after_gelu_is_close_to_fp32_on_every_row(approximate: str) -> None:
+    """The row scale bounded from the GELU's input holds on rows whose pre-activations are all
+    negative (there the GELU's own minimum is the bound) as on ordinary rows."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.quantize import (int8_gelu_linear, int8_linear, quantize_weight,
+                                                             rewrite_linears)
+
+    torch.manual_seed(0)
+    ff = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(approximate=approximate), torch.nn.Dropout(0.1),
+                             torch.nn.Linear(64, 32)).eval()
+    with torch.no_grad():
+        # A zero input row: every pre-activation negative, the largest near 0, some at GELU's minimum.
+        ff[0].bias.copy_(torch.linspace(-0.8, -0.05, 64))
+    x = torch.randn(2, 24, 32) * 2
+    x[:, ::3] = 0.0
+    gm = torch.export.export(ff, (x,)).module()
+    rewrite_linears(gm, "int8")
+    assert [n.args[-1] for n in gm.graph.nodes if n.target is int8_gelu_linear] == [approximate]
+    with torch.no_grad():
+        want, got = ff(x), gm(x)
+        # The same two INT8 linears with the scale taken from the GELU's output, for comparison.
+        w1, s1 = quantize_weight(ff[0].weight, "int8")
+        w2, s2 = quantize_weight(ff[3].weight, "int8")
+        plain = int8_linear(ff[1](int8_linear(x, w1, s1, ff[0].bias, 0)), w2, s2, ff[3].bias, 0)
+    rel = (want - got).norm(dim=-1) / want.norm(dim=-1)
+    rel_plain = (want - plain).norm(dim=-1) / want.norm(dim=-1)
+    assert 0 < float(rel[:, ::3].max()) < 0.01, rel[:, ::3]  # all-negative rows
+    assert 0 < float(rel.max()) < 0.05 and float(rel.mean()) < 1.25 * float(rel_plain.mean()), (rel, rel_plain)
+
+
+def test_exp2_of_int8_attention_is_accurate_and_never_above_one() -> None:
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import exp2_nonpositive
+
+    y = torch.cat([torch.linspace(-30, 0, 200001), torch.tensor([-1e-7, -0.5, -1.0, -29.999])])
+    got = exp2_nonpositive(y).double()
+    want = torch.exp2(y.double())
+    assert float(((got - want) / want).abs().max()) < 5e-6
+    assert float(exp2_nonpositive(torch.zeros(1))) == 1.0 and float(got.max()) <= 1.0
+    # Far below (masked scores): flushed to 2^-30, nothing wraps around through the exponent bits.
+    far = exp2_nonpositive(torch.tensor([-40.0, -1e10, float("-inf")]))
+    assert torch.all((far > 0) & (far <= 2.0 ** -30 * (1 + 1e-6)))
+
+
 def _sdpa(q: Any, k: Any, v: Any, mask: Any) -> Any:
     import torch
 

@@ -2,7 +2,8 @@
 
 Every ``aten.linear`` of a chosen program whose weight is a constant is rewritten in the program
 itself: the weight is stored quantized (INT8 per output channel, or FP8 E4M3 per tensor), and the
-input is quantized as it flows (INT8 per row, FP8 per tensor) before ``torch._int_mm`` or
+input is quantized as it flows (INT8 per row, FP8 per tensor; after a GELU, the INT8 row scale is bounded
+from the GELU's input so that the GELU is computed once) before ``torch._int_mm`` or
 ``torch._scaled_mm``; the result is rescaled to FP32. With ``attention: int8`` (CPU targets) the
 attention products go to INT8 too (``attention.py``). Convolutions and normalisations stay FP32.
 No calibration data: the ranges come from each call's own activations.

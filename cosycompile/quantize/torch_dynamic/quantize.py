@@ -13,7 +13,7 @@ from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
-from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
+from cosycompile.quantize.torch_dynamic.attention import node_arg, rewrite_attention
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
@@ -22,22 +22,44 @@ ALIGN = {"int8": 8, "fp8": 16}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+# GELU is never below this: its minimum, near y = -0.75, is -0.16997 exact and -0.17004 with tanh.
+GELU_MIN = -0.1701
+
+
 def int8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
                 pad_rows: int) -> torch.Tensor:
     """``linear(x, w, bias)`` with w = w_q * w_scale (per output channel) and x quantized per row."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
+    x2 = x.reshape(-1, x.shape[-1])
     x_scale = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+    return _int8_product(x2, x_scale, w_q, w_scale, bias, pad_rows).reshape(*x.shape[:-1], w_q.shape[0])
+
+
+def int8_gelu_linear(y: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
+                     pad_rows: int, approximate: str) -> torch.Tensor:
+    """``linear(gelu(y), w, bias)`` as :func:`int8_linear`, with the row scale bounded from y.
+
+    gelu(y) lies in [GELU_MIN, max(y, 0)], so max(max y, -GELU_MIN) bounds a row's range without
+    computing the GELU; the quantizing pass then computes it once. A scale from gelu(y) itself makes
+    Inductor compute it twice, once for the range and once to quantize, and the exact GELU's erf was
+    most of the feed-forward's time outside its two products.
+    """
+    y2 = y.reshape(-1, y.shape[-1])
+    x_scale = y2.amax(dim=1, keepdim=True).clamp(min=-GELU_MIN) / 127.0
+    x2 = torch.nn.functional.gelu(y2, approximate=approximate)
+    return _int8_product(x2, x_scale, w_q, w_scale, bias, pad_rows).reshape(*y.shape[:-1], w_q.shape[0])
+
+
+def _int8_product(x2: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                  bias: torch.Tensor | None, pad_rows: int) -> torch.Tensor:
+    """x2 [M, K] quantized with its row scales (no row beyond its scale's range), times the INT8 weight."""
     x_q = torch.round(x2 / x_scale).clamp(-127, 127).to(torch.int8)
     if pad_rows:
         x_q = torch.nn.functional.pad(x_q, (0, 0, 0, pad_rows))
     acc = torch._int_mm(x_q, w_q.t())  # w_q.t() is the column-major view cuBLASLt wants
     if pad_rows:
         acc = acc[: x2.shape[0]]
-    y = acc.to(torch.float32) * x_scale * w_scale
-    if bias is not None:
-        y = y + bias
-    return y.reshape(*shape[:-1], w_q.shape[0])
+    out = acc.to(torch.float32) * x_scale * w_scale
+    return out if bias is None else out + bias
 
 
 def fp8_linear(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None,
@@ -97,10 +119,17 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
         prefix = done[w.target]
         with graph.inserting_before(node):
             qw, qs = graph.get_attr(f"{prefix}_w"), graph.get_attr(f"{prefix}_scale")
-            new = graph.call_function(LINEARS[fmt], (x, qw, qs, bias, pad_rows))
+            gelu = _gelu_before(x) if fmt == "int8" else None
+            if gelu is not None:
+                approximate = node_arg(gelu, 1, "approximate", "none")
+                new = graph.call_function(int8_gelu_linear, (gelu.args[0], qw, qs, bias, pad_rows, approximate))
+            else:
+                new = graph.call_function(LINEARS[fmt], (x, qw, qs, bias, pad_rows))
         node.replace_all_uses_with(new)
         graph.erase_node(node)
-    graph.eliminate_dead_code()
+    # Dropout counts as impure to FX; in eval mode it is not, and a GELU folded into the linear after
+    # it would otherwise stay in the graph through it.
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() and not _eval_dropout(n))
     read = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in done:
         if name not in read:
@@ -108,6 +137,21 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
             delattr(gm.get_submodule(parent) if parent else gm, leaf)
     gm.recompile()
     return {"quantized_linears": len(done), "kept_fp32": kept}
+
+
+def _gelu_before(node: Any) -> torch.fx.Node | None:
+    """The ``aten.gelu`` node that produces ``node``, looking through dropout in eval mode (an exported
+    feed-forward keeps its ``dropout(p, train=False)``), else None."""
+    while isinstance(node, torch.fx.Node) and _eval_dropout(node):
+        node = node.args[0]
+    if isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is torch.ops.aten.gelu.default:
+        return node
+    return None
+
+
+def _eval_dropout(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is torch.ops.aten.dropout.default \
+        and not node_arg(node, 2, "train", True)
 
 
 def _get(gm: torch.nn.Module, dotted: str) -> torch.Tensor:
