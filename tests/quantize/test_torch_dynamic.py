@@ -230,11 +230,12 @@ def test_exp2_of_int8_attention_is_accurate_and_never_above_one() -> None:
     y = torch.cat([torch.linspace(-30, 0, 200001), torch.tensor([-1e-7, -0.5, -1.0, -29.999])])
     got = exp2_nonpositive(y).double()
     want = torch.exp2(y.double())
-    assert float(((got - want) / want).abs().max()) < 5e-6
+    # A probability step is 1/254: the error stays a small part of one at every value.
+    assert float(((got - want) / want).abs().max()) < 1.1e-4
     assert float(exp2_nonpositive(torch.zeros(1))) == 1.0 and float(got.max()) <= 1.0
-    # Far below (masked scores): flushed to 2^-30, nothing wraps around through the exponent bits.
-    far = exp2_nonpositive(torch.tensor([-40.0, -1e10, float("-inf")]))
-    assert torch.all((far > 0) & (far <= 2.0 ** -30 * (1 + 1e-6)))
+    # Far below (masked scores) and non-finite: 0, nothing wraps around through the exponent bits.
+    far = exp2_nonpositive(torch.tensor([-30.5, -40.0, -200.0, -1e10, float("-inf"), float("nan")]))
+    assert torch.equal(far, torch.zeros(6))
 
 
 def _sdpa(q: Any, k: Any, v: Any, mask: Any) -> Any:
