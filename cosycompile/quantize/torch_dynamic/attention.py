@@ -33,7 +33,8 @@ _LOG2E = 1.4426950408889634
 # probability step) with p(0) = 1 and p(1) = 2 exactly, so a row's maximum maps to exactly 1 and
 # nothing exceeds it. A fourth degree bought accuracy the 8-bit probabilities cannot hold.
 _EXP2_POLY = (0.6954244246846342, 0.22630764466457975, 0.07826793065078608)
-# Below 2^-30 a probability is 0 on 254 steps; below it the exponent bits would leave their range.
+# Below 2^-30 a probability is 0 on 254 steps: the cut-off, well above where the exponent bits leave
+# their range (2^-126).
 _EXP2_FLOOR = -30.0
 
 
@@ -57,7 +58,7 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     broadcastable to [B, H, T, S].
     """
     B, H = q.shape[0], q.shape[1]
-    # Scales multiply (no division): Inductor recomputes them inside the score kernel, per element.
+    # Scales multiply (no division): Inductor inlines them into the kernels that quantize.
     q_s = q.abs().amax(-1, keepdim=True).clamp(min=1e-8) * (1 / _LEVELS)
     k_s = k.abs().amax((-2, -1), keepdim=True).clamp(min=1e-8) * (1 / _LEVELS)
     # One factor per query row, scores in base 2: max|q| times K's scale, taken as a reduction of its own
