@@ -26,6 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from builtin_models import add_min_seconds, estimator_inputs, machine, machine_probes  # noqa: E402
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -35,16 +37,16 @@ def main() -> int:
     ap.add_argument("--frames", type=int, default=500)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=9)
-    ap.add_argument("--min-seconds", type=float, default=60.0)
+    add_min_seconds(ap, default=60.0)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     args = ap.parse_args()
     for p in (args.a, args.b, args.model_dir):
         if not p.is_dir():
-            sys.exit(f"error: {p} is not a directory")
+            print(f"error: {p} is not a directory", file=sys.stderr)
+            return 2
 
     import torch
 
-    from builtin_models import estimator_inputs, machine, machine_probes
     from cosycompile.reference.runners import load_reference, reference_runtime
     from cosycompile.runtime.loading import stage_runtime
     from cosycompile.runtime.pipeline import Prompt

@@ -10,8 +10,8 @@ they take all 255 levels of a signed byte as ``round(254 e) - 127``; the offset 
 a base-2 one built from a polynomial and the float exponent bits (:func:`exp2_nonpositive`): the
 probabilities keep 8 bits, so ATen's full-precision ``exp`` cost time and bought nothing.
 
-Inductor fuses the softmax into one kernel per batch row, and what it inlines there runs once per
-16 scores. Two choices keep that short: the per-row score factor is the output of a reduction over
+Inductor fuses the softmax of all heads of a batch entry into one kernel, and what it inlines there
+runs once per 16 scores. Two choices keep that short: the per-row score factor is the output of a reduction over
 Q, so the kernel loads it instead of recomputing its clamped scale chain (with its NaN checks) per
 vector; and the exponential is a degree-3 polynomial whose range guard is one select.
 
