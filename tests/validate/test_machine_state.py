@@ -69,10 +69,12 @@ def test_ratio_by_state_from_paired_ratio() -> None:
         lose = (state["n"] // 4) % 2 == 1
         return {"copy_gb_per_s": 10.0 if lose else 20.0, "threads_lose": float(lose)}
 
+    # Sleeps long against a loaded CI machine's wake-up delay (a few ms under parallel workers, which
+    # took 1 ms against 4 ms down to 1.2x): 40 ms against 4 ms stays above 2x with 10 ms late each.
     def candidate() -> None:
-        time.sleep(0.004 if (state["n"] // 4) % 2 == 1 else 0.001)
+        time.sleep(0.04 if (state["n"] // 4) % 2 == 1 else 0.004)
 
-    r = paired_ratio(lambda: time.sleep(0.004), candidate, pairs=8, warmup=0, probe=flipping)
+    r = paired_ratio(lambda: time.sleep(0.04), candidate, pairs=8, warmup=0, probe=flipping)
     assert len(r.probes) == 17
     rows = ratio_by_state(r)
     assert {s: rows[s]["pairs"] for s in rows} == {"threads_win": 2, "threads_lose": 2, "state_changed": 4}
