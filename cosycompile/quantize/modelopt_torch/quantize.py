@@ -240,6 +240,11 @@ def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) 
         # Bake the calibrated weights (AWQ scaling and clipping included) into plain tensors; the
         # activation-side AWQ scale stays as a Mul in front of each layer.
         mtq.fold_weight(target.module)
+    stored_int8 = 0
+    if fmt == "int8_sq":
+        from cosycompile.quantize.modelopt_torch.int8_weights import store_int8_weights
+
+        stored_int8 = store_int8_weights(target.module)
     step = target.decode_step().eval()
     from cosycompile.stages.llm.export import stage_parts
 
@@ -250,7 +255,7 @@ def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) 
     dst = ctx.out / "llm_step.onnx"
     if fmt == "int8_sq":
         raw.replace(dst)
-        return op_counts(dst)
+        return op_counts(dst) | {"int8_weights": stored_int8}
     bits = 8 if fmt == "int8_wo" else 4
     _pack_matmul_nbits(raw, dst, bits, p["block_size"])
     raw.unlink()
