@@ -4,6 +4,8 @@ INT8 initializers, and ONNX Runtime runs the graph exactly as it ran ModelOpt's 
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -101,3 +103,40 @@ def test_only_plain_int8_linears_are_swapped(tiny_model_dir: Path) -> None:
     assert store_int8_weights(target.module) == len(enabled) - 1
     assert not isinstance(target.module.get_submodule(off), Int8Linear)
     assert all(isinstance(target.module.get_submodule(n), Int8Linear) for n in enabled[1:])
+
+
+_STEP_IN_A_FRESH_PROCESS = """
+import gc, sys, types
+from pathlib import Path
+
+import torch
+
+from cosycompile.core.plugins import load_object
+from cosycompile.quantize.modelopt_torch import Spec
+
+
+def step(model_dir, out):
+    # As the executor runs a step: the step's module is loaded on first use, then called.
+    quantize = load_object("cosycompile.quantize.modelopt_torch.quantize:quantize")
+    ctx = types.SimpleNamespace(spec=Spec(format="int8_wo"), params={"opset": 18, "family": None},
+                                inputs={"model": model_dir}, out=out, progress=lambda it, desc="": it, log=print)
+    quantize(ctx)
+
+
+step(Path(sys.argv[1]), Path(sys.argv[2]))
+gc.collect()
+print("PARAMETERS", sum(isinstance(o, torch.nn.Parameter) for o in gc.get_objects()))
+"""
+
+
+def test_the_step_leaves_no_model_alive_after_it_returns(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Nothing the step loaded outlives it (a build runs every later step in the same process): in a
+    fresh process, where ModelOpt is imported for the first time by loading the step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run([sys.executable, "-c", _STEP_IN_A_FRESH_PROCESS, str(tiny_model_dir), str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (out / "llm_step.onnx").is_file()
+    (count,) = [int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("PARAMETERS ")]
+    assert count == 0

@@ -22,10 +22,22 @@ from __future__ import annotations
 import copy
 import fnmatch
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# Imported with this module, not inside the step: the first import of ModelOpt's quantization pulls in
+# PuLP, whose unavailable solver classes keep their ImportError, and with it the traceback's frames and
+# every caller's frame above them. Imported from inside the step, those frames held the step's locals,
+# the whole quantized LM (2 GB on the 0.5B model), resident through every later step of the build.
+# The exclusion preflight loads this module before any step runs, so ModelOpt's warning about the
+# transformers version (the project pins both) would precede a recipe error's one line.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=r"transformers .* is not tested with current version of modelopt",
+                            category=UserWarning)
+    import modelopt.torch.quantization as mtq
 
 from cosycompile.errors import ModelError, RecipeError
 from cosycompile.core.graph import StepContext
@@ -43,8 +55,6 @@ _CHECKPOINT_DTYPE = "bfloat16"
 
 def quant_config(p: dict[str, Any]) -> dict[str, Any]:
     """The ModelOpt config for the recipe's format, with its method, alpha and block size."""
-    import modelopt.torch.quantization as mtq
-
     cfg = copy.deepcopy(getattr(mtq, _CONFIGS[p["format"]]))
     fmt = p["format"]
     if fmt == "int8_sq":
@@ -91,8 +101,6 @@ def exclusion_preflight(model_dir_or_builtin: Any, patterns: list[str]) -> None:
 
 
 def _apply_exclusions(model: Any, patterns: list[str]) -> None:
-    import modelopt.torch.quantization as mtq
-
     check_exclusions([n for n, _ in model.named_modules()], patterns)
     for pat in patterns:
         mtq.disable_quantizer(model, lambda n, pat=pat: fnmatch.fnmatch(n.rsplit(".", 1)[0], pat))
@@ -101,8 +109,6 @@ def _apply_exclusions(model: Any, patterns: list[str]) -> None:
 def quantize(ctx: StepContext) -> dict[str, Any]:
     """The ``llm.quantize`` step."""
     import torch
-
-    import modelopt.torch.quantization as mtq
 
     from cosycompile.families import get_family, load_models
     from cosycompile.stages.common import model_dir
@@ -227,8 +233,6 @@ def _export_trtllm(lm: Any, cfg: Any, root: Path, out: Path, family: str | None 
 
 def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     import torch
-
-    import modelopt.torch.quantization as mtq
 
     from cosycompile.onnx.tools import export_onnx
 
