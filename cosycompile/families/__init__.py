@@ -36,6 +36,9 @@ class LMQuantTarget:
     # Modules of ``module`` (fnmatch patterns over its module names) the quantizer keeps in full precision
     # whatever a recipe excludes besides: layers the family knows INT8 cannot hold.
     keep_fp32: tuple[str, ...] = ()
+    # Modules whose weight the family's code reads directly, not through their forward: an INT8 export
+    # keeps these weights as FP32 tensors (as ModelOpt's own export reads them), not as INT8 initializers.
+    weights_read: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

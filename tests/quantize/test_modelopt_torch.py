@@ -52,11 +52,16 @@ def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-@pytest.fixture(scope="module")
-def exports(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """ModelOpt's own export of the quantized decode step, and the step's (INT8 weights), of one model."""
+@pytest.fixture(scope="module", params=["builtin:tiny", "builtin:cv1-tiny"])
+def exports(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """ModelOpt's own export of the quantized decode step, and the step's (INT8 weights), of one model of
+    each LM kind: a Qwen2 body, and CosyVoice-300M's Transformer (which reads one weight directly)."""
+    from cosycompile.families import builtin_family
+
     out = tmp_path_factory.mktemp("int8_sq")
-    models, target = _quantized(tiny_model_dir)
+    model_dir = out / "model"
+    builtin_family(request.param).hook("init_model")(request.param, model_dir, seed=0)
+    models, target = _quantized(model_dir)
     info = stage_parts(models)[2]
     dummy = LLM_STEP.dummy_inputs(info)
     stock = out / "stock.onnx"

@@ -79,4 +79,6 @@ def llm_quant_target(lm: Any) -> Any:
     # and speech-token embeddings, of scales apart by more than INT8's range, and one per-tensor
     # activation scale for all of them rounds away the speech tokens' rows every decode step feeds.
     return LMQuantTarget(module=lm.llm, calibrate=lambda x: lm.llm(x), decode_step=lambda: DecodeStep(lm),
-                         widths=(d.output_size, d.linear_units), checkpoints=False, keep_fp32=("embed.*",))
+                         widths=(d.output_size, d.linear_units), checkpoints=False, keep_fp32=("embed.*",),
+                         # The relative-position attention folds linear_pos's weight into its queries.
+                         weights_read=("*.linear_pos",))

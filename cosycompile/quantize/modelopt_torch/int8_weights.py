@@ -11,6 +11,7 @@ quantized, with the rounding of ONNX's QuantizeLinear, before the export.
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
 
 import torch
@@ -68,10 +69,12 @@ def _plain_int8(module: nn.Module) -> bool:
             and amax is not None and amax.numel() == module.out_features)
 
 
-def store_int8_weights(root: nn.Module) -> int:
+def store_int8_weights(root: nn.Module, weights_read: tuple[str, ...] = ()) -> int:
     """Replace, in place, every plain INT8 linear under ``root`` by an :class:`Int8Linear`; returns how
-    many. The FP32 weights are released as their modules leave the tree."""
-    swaps = [(name, m) for name, m in root.named_modules() if _plain_int8(m)]
+    many. The FP32 weights are released as their modules leave the tree. Modules matching
+    ``weights_read`` (fnmatch patterns over module names) stay: other code reads their FP32 weight."""
+    swaps = [(name, m) for name, m in root.named_modules()
+             if _plain_int8(m) and not any(fnmatch.fnmatch(name, pat) for pat in weights_read)]
     for name, m in swaps:
         parent_name, _, child = name.rpartition(".")
         parent = root.get_submodule(parent_name) if parent_name else root

@@ -248,7 +248,7 @@ def _export_onnx(target: Any, models: Any, p: dict[str, Any], ctx: StepContext) 
     if fmt == "int8_sq":
         from cosycompile.quantize.modelopt_torch.int8_weights import store_int8_weights
 
-        stored_int8 = store_int8_weights(target.module)
+        stored_int8 = store_int8_weights(target.module, target.weights_read)
     step = target.decode_step().eval()
     from cosycompile.stages.llm.export import stage_parts
 
