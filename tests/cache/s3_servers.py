@@ -191,6 +191,10 @@ class SeaweedServer(S3Server):
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        # Its services leave a unix socket each in /tmp (a fixed path, named by port) when they stop.
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
 
 class MotoServer(S3Server):

@@ -67,6 +67,18 @@ def test_seaweedfs_bucket_room_does_not_depend_on_the_hosts_free_disk(seaweedfs_
     assert seaweedfs_server.topology()["Max"] == SeaweedServer.MAX_VOLUMES
 
 
+def test_a_stopped_seaweedfs_leaves_no_socket_in_tmp(tmp_path: Path) -> None:
+    """SeaweedFS's services each open a unix socket at a fixed /tmp path named by port and leave it there."""
+    server = SeaweedServer(tmp_path / "seaweedfs").start()
+    try:
+        ports = set(server.ports.values())
+        mine = lambda: [p for p in Path("/tmp").glob("seaweedfs-*.sock") if int(p.stem.rsplit("-", 1)[1]) in ports]  # noqa: E731
+        assert mine(), "the server opened none of the sockets this test looks for"
+    finally:
+        server.stop()
+    assert mine() == []
+
+
 # -- helpers -----------------------------------------------------------------------------------
 def _key(label: str) -> str:
     return hashlib.sha256(label.encode()).hexdigest()
