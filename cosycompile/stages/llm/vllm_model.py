@@ -51,6 +51,30 @@ def register() -> None:
         ModelRegistry.register_model(ARCHITECTURE, f"{MODULE}:{ARCHITECTURE}")
 
 
+def _keep_fp32_int8_linears_off_the_amx_kernel() -> None:
+    """vLLM 0.32's CPU W8A8 kernel (``kernels/linear/scaled_mm/cpu.py``) sends symmetric INT8 linears to
+    ``int8_scaled_mm_with_quant`` whenever the CPU has AMX, asking ``check_cpu_sgl_kernel`` about the
+    weight's dtype (INT8) only; that kernel takes BF16 or FP16 activations, so an FP32 model dies at its
+    first forward ("expect A to be bfloat16 or half"). FP32 models stay on the oneDNN kernel, which the
+    same vLLM uses on every CPU without AMX."""
+    import torch
+
+    try:
+        from vllm.model_executor.kernels.linear.scaled_mm import cpu
+    except ImportError:  # another vLLM layout: its own choice stands
+        return
+    original = getattr(cpu, "check_cpu_sgl_kernel", None)
+    if original is None or getattr(original, "fp32_guard", False):
+        return
+
+    def check(n: int, k: int, dtype: Any) -> bool:
+        # The kernel is chosen while the weights load, under the model's dtype as torch's default.
+        return torch.get_default_dtype() in (torch.bfloat16, torch.float16) and original(n, k, dtype)
+
+    check.fp32_guard = True  # type: ignore[attr-defined]
+    cpu.check_cpu_sgl_kernel = check
+
+
 def _model_class() -> type:
     from vllm.distributed import get_pp_group
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -74,6 +98,7 @@ def _model_class() -> type:
             return self.logits_processor(self.lm_head, hidden_states, self.lm_head.bias)
 
     CosyVoiceLMForCausalLM.__module__ = __name__
+    _keep_fp32_int8_linears_off_the_amx_kernel()
     return CosyVoiceLMForCausalLM
 
 
