@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cosycompile.backends.vllm import PYTHON_ENV, Options, build_problem
-from cosycompile.backends.vllm.build import compare, load_options, root_cause, serve_command
+from cosycompile.backends.vllm.build import SMOKE_SECONDS, compare, load_options, root_cause, serve_command
 from cosycompile.core.targets import TARGETS
 from helpers import REPO, run_cli, until_outputs
 
@@ -82,7 +82,10 @@ def test_real_vllm_runs_the_int8_checkpoint_as_the_quantized_reference_does(tmp_
     from cosycompile.stages.llm.hf_rewrite import write_hf_rewrite
 
     assert os.environ.get(PYTHON_ENV), "make test-vllm names the vLLM venv's python"
-    res = run_cli("build", str(RECIPE), "--until", "engine", "--artifacts", str(tmp_path / "a"), timeout=1800)
+    # Longer than the build's own bound on the smoke decode, so a hung vLLM is ended by the build (which
+    # reports it), not by this timeout, which would leave the smoke process orphaned.
+    res = run_cli("build", str(RECIPE), "--until", "engine", "--artifacts", str(tmp_path / "a"),
+                  timeout=SMOKE_SECONDS + 600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     engine = until_outputs(res.stdout)["llm.engine"]
     passport = json.loads((engine / "engine.json").read_text())
