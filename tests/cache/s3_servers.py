@@ -191,10 +191,14 @@ class SeaweedServer(S3Server):
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-        # Its services leave a unix socket each in /tmp (a fixed path, named by port) when they stop.
-        for port in self.ports.values():
-            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
-                sock.unlink(missing_ok=True)
+        # Its services leave their sockets behind when they stop.
+        for sock in self.sockets():
+            sock.unlink(missing_ok=True)
+
+    def sockets(self) -> list[Path]:
+        """The unix sockets of this server's services: each at a fixed /tmp path named by its port."""
+        ports = {str(port) for port in self.ports.values()}
+        return [p for p in Path("/tmp").glob("seaweedfs-*.sock") if p.stem.rsplit("-", 1)[1] in ports]
 
 
 class MotoServer(S3Server):

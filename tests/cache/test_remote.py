@@ -71,12 +71,10 @@ def test_a_stopped_seaweedfs_leaves_no_socket_in_tmp(tmp_path: Path) -> None:
     """SeaweedFS's services each open a unix socket at a fixed /tmp path named by port and leave it there."""
     server = SeaweedServer(tmp_path / "seaweedfs").start()
     try:
-        ports = set(server.ports.values())
-        mine = lambda: [p for p in Path("/tmp").glob("seaweedfs-*.sock") if int(p.stem.rsplit("-", 1)[1]) in ports]  # noqa: E731
-        assert mine(), "the server opened none of the sockets this test looks for"
+        assert server.sockets(), "the server opened none of the sockets this test looks for"
     finally:
         server.stop()
-    assert mine() == []
+    assert server.sockets() == []
 
 
 # -- helpers -----------------------------------------------------------------------------------

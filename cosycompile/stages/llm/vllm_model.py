@@ -64,15 +64,14 @@ def _keep_fp32_int8_linears_off_the_amx_kernel() -> None:
     except ImportError:  # another vLLM layout: its own choice stands
         return
     original = getattr(cpu, "check_cpu_sgl_kernel", None)
-    if original is None or getattr(original, "fp32_guard", False):
+    if original is None:
         return
 
     def check(n: int, k: int, dtype: Any) -> bool:
         # The kernel is chosen while the weights load, under the model's dtype as torch's default.
         return torch.get_default_dtype() in (torch.bfloat16, torch.float16) and original(n, k, dtype)
 
-    check.fp32_guard = True  # type: ignore[attr-defined]
-    cpu.check_cpu_sgl_kernel = check
+    cpu.check_cpu_sgl_kernel = check  # once per process: the class is built once (``_built``)
 
 
 def _model_class() -> type:
