@@ -41,6 +41,25 @@ def cpu_flags(path: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set(_cpuinfo(path).get("flags", "").split())
 
 
+def int8_matmul_is_vectorized(flags: set[str] | None = None) -> bool:
+    """Whether ``torch._int_mm`` has a vectorized kernel on this CPU (``flags``: :func:`cpu_flags`).
+
+    PyTorch's CPU ``_int_mm`` hands the product to oneDNN only where ``at::cpu::is_avx512_vnni_supported()``
+    holds, and otherwise runs a scalar triple loop (``_int_mm_out_cpu`` in
+    aten/src/ATen/native/LinearAlgebra.cpp, pytorch/pytorch at 00076d21ed6c). On an AVX2-only CPU the
+    INT8 programs of the ``torch_dynamic`` quantizer are then many times slower than their FP32 programs
+    (docs/bench-log/2026-12-02-zen3-int8-products-and-build-memory.md), while ONNX Runtime's INT8 kernels
+    stay vectorized there.
+    """
+    return "avx512_vnni" in (cpu_flags() if flags is None else flags)
+
+
+SCALAR_INT8_MATMUL = ("this CPU has no AVX512-VNNI, and torch._int_mm is vectorized only with it (PyTorch runs a "
+                      "scalar loop otherwise), so INT8 torch programs run their products several times slower than "
+                      "FP32 here; on this CPU use ONNX Runtime's INT8 (recipes cpu-int8, cpu-fast) or the FP32 torch "
+                      "packages (cpu-torch)")
+
+
 def describe_host(path: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """CPU model, family/model numbers, vCPUs and the ISA flags of :data:`ISA_FLAGS` it has."""
     info = _cpuinfo(path)

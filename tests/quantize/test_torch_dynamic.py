@@ -5,6 +5,7 @@ keys fail as one line. The compiled INT8 packages are built and checked in tests
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,21 @@ def test_keep_fp32_errors_are_one_line(tmp_path: Path, seed: Path, keep: list[st
     res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", "quantize", "-q")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
     assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_cpu_without_vectorized_int8_products_is_told_so(tmp_path: Path, seed: Path) -> None:
+    """An INT8 program for a CPU target, quantized on a CPU whose torch._int_mm is PyTorch's scalar loop,
+    gets one warning line from its quantize step (none where oneDNN runs the products), and the step
+    records which it was."""
+    from cosycompile.runtime.host import SCALAR_INT8_MATMUL, int8_matmul_is_vectorized
+
+    vectorized = int8_matmul_is_vectorized()
+    recipe = _flow_only(tmp_path, {"format": "int8"})
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp_path / "art")), "--until", "quantize", "-q")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.count(f"warning: flow.quantize: {SCALAR_INT8_MATMUL}") == (0 if vectorized else 1), res.stderr
+    entry = until_outputs(res.stdout)["flow.quantize"].parent / "entry.json"
+    assert json.loads(entry.read_text())["meta"]["build_host_int8_matmul"] == ("vectorized" if vectorized else "scalar")
 
 
 @pytest.mark.extended

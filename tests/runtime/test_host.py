@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cosycompile.runtime.host import cpu_flags, describe_host, host_line
+import subprocess
+import sys
+
+from cosycompile.runtime.host import cpu_flags, describe_host, host_line, int8_matmul_is_vectorized
 
 # Two processor blocks as Linux writes them; only the first is read.
 ZEN5 = """processor\t: 0
@@ -52,3 +55,26 @@ def test_unreadable_cpuinfo_still_describes_the_machine(tmp_path: Path) -> None:
     host = describe_host(tmp_path / "missing")
     assert host["isa"] == [] and host["vcpus"] >= 1 and host["cpu"]
     assert "family" not in host_line(host)
+
+
+def test_int8_matmul_needs_avx512_vnni(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN5)
+    assert int8_matmul_is_vectorized(cpu_flags(info))
+    assert not int8_matmul_is_vectorized({"avx2", "fma", "avx_vnni", "avx512f"})
+
+
+def test_int8_matmul_verdict_matches_what_torch_runs_on_this_cpu() -> None:
+    """torch._int_mm reaches oneDNN only where the predicate holds: with strided operands oneDNN runs a
+    matmul primitive, which ONEDNN_VERBOSE lists; PyTorch's own scalar loop lists nothing. Whatever
+    this CPU is, the two must agree (a torch that vectorizes INT8 on more CPUs fails here)."""
+    # Every second column: neither stride of A is 1, which sends oneDNN's path to its primitive.
+    code = ("import torch\n"
+            "a = torch.randint(-127, 128, (64, 256), dtype=torch.int8)[:, ::2]\n"
+            "b = torch.randint(-127, 128, (128, 64), dtype=torch.int8)\n"
+            "torch._int_mm(a, b)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"ONEDNN_VERBOSE": "1", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    primitive = any(",exec," in ln and ",matmul," in ln for ln in res.stdout.splitlines())
+    assert primitive == int8_matmul_is_vectorized(), res.stdout[-2000:]

@@ -10,6 +10,7 @@ import torch
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.runtime.host import SCALAR_INT8_MATMUL, int8_matmul_is_vectorized
 from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
@@ -168,7 +169,8 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     from cosycompile.stages.common import export_program
 
     s, stage = ctx.spec, ctx.params["stage"]
-    pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and ctx.params.get("target_kind") == "gpu" else 0
+    on_gpu = ctx.params.get("target_kind") == "gpu"
+    pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and on_gpu else 0
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         gm = load_program(src.graph_path(name)).module()
@@ -190,6 +192,13 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     if unmatched:
         raise RecipeError(f"stages.{stage}.quantize.keep_fp32: {unmatched[0]!r} matches no linear weight of "
                           f"{', '.join(meta['quantized'])}")
+    # A CPU engine is compiled for, validated and mostly served on the machine that builds it, so the
+    # build says so before any compile when its INT8 products will crawl here.
+    if s.format == "int8" and not on_gpu:
+        vectorized = int8_matmul_is_vectorized()
+        if not vectorized:
+            ctx.reporter.warn(f"{ctx.name}: {SCALAR_INT8_MATMUL}")
+        meta["build_host_int8_matmul"] = "vectorized" if vectorized else "scalar"
     return meta
 
 
