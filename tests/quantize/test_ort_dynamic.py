@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import EVAL_SET, REPO, run_cli, write_recipe
+from cosycompile.runtime.host import SATURATING_U8S8, u8s8_products_are_exact
+from helpers import EVAL_SET, REPO, run_cli, until_outputs, write_recipe
 from seed_store import seeded
 
 
@@ -38,6 +39,9 @@ def test_dynamic_int8_flow_builds_and_holds_quality(dynamic_build: dict) -> None
     assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
     ran = next(ln for ln in res.stdout.splitlines() if ln.startswith("built ")).split("ran: ", 1)[1].split(", ")
     assert "calibrate" not in ran and "flow.quantize" in ran  # ranges come from the tensors at run time
+    # Signed weights on an x86 CPU without VNNI: ONNX Runtime's U8S8 products saturate, and the step says so.
+    warned = res.stderr.count(f"warning: flow.quantize: {SATURATING_U8S8}")
+    assert warned == (0 if u8s8_products_are_exact() else 1), res.stderr[-2000:]
     bundle = Path(next(ln for ln in res.stdout.splitlines() if ln.startswith("bundle: ")).split(": ", 1)[1])
     import onnx
 
@@ -60,6 +64,24 @@ def test_dynamic_int8_flow_builds_and_holds_quality(dynamic_build: dict) -> None
         for state in split:
             assert f"{part}, {state.replace('_', ' ')}" in md.replace("state changed during the pair", "state changed")
     assert "validation.speed.machine_state" in md
+
+
+def test_uint8_weights_run_the_u8u8_kernels_and_warn_nowhere(tmp_path: Path, seed: Path) -> None:
+    """``weights: uint8``: every integer MatMul of the estimator takes unsigned weights (ONNX Runtime's
+    U8U8 kernels, exact on every CPU), so no CPU warrants the saturation warning."""
+    import onnx
+    from onnx import TensorProto
+
+    recipe = _recipe(tmp_path, {"format": "int8", "quantizer": "ort_dynamic", "weights": "uint8"})
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp_path / "art")), "--until", "quantize", "-q")
+    assert res.returncode == 0, res.stderr[-3000:] + res.stdout[-2000:]
+    assert "warning" not in res.stderr, res.stderr[-2000:]
+    out = until_outputs(res.stdout)["flow.quantize"]
+    graphs = json.loads((out / "graphs.json").read_text())["graphs"]
+    est = onnx.load(str(out / graphs["flow_estimator"]["file"]), load_external_data=False)
+    types = {i.name: i.data_type for i in est.graph.initializer}
+    weights = [n.input[1] for n in est.graph.node if n.op_type == "MatMulInteger"]
+    assert len(weights) >= 4 and {types[w] for w in weights} == {TensorProto.UINT8}, weights
 
 
 @pytest.mark.parametrize("quantize,backend,expected", [

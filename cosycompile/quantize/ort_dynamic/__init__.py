@@ -28,6 +28,10 @@ class Spec(BaseModel):
         default_factory=lambda: ["MatMul", "Gemm"],
         description="op types quantized (Conv -> ConvInteger, which ONNX Runtime's CPU kernels run slowly)")
     per_channel: bool = Field(True, description="one weight scale per output channel (else per tensor)")
+    weights: Literal["int8", "uint8"] = Field(
+        "int8", description="weight type: int8 runs ONNX Runtime's U8S8 kernels, fastest and exact with VNNI; "
+                            "on x86 CPUs without VNNI they saturate, and uint8 (U8U8 kernels, exact everywhere) "
+                            "keeps the accuracy")
     exclude: list[str] = Field(default_factory=list, description="node-name regexes kept in FP32")
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from cosycompile.core.graph import StepContext
 from cosycompile.quantize.graphs import quantize_graphs
 from cosycompile.runtime.graphs_dir import GraphsDir
+from cosycompile.runtime.host import SATURATING_U8S8, u8s8_products_are_exact
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:
@@ -23,11 +24,16 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     def one(name: str, src: GraphsDir, dst: Path) -> None:
         key = f"stages.{ctx.params['stage']}.quantize.exclude"
         excluded = check_node_patterns([src.graph_path(name)], list(s.exclude), key)
-        ctx.log(f"{name}: dynamic int8 of {', '.join(s.op_types)} (per_channel={s.per_channel})")
+        ctx.log(f"{name}: dynamic int8 of {', '.join(s.op_types)} (per_channel={s.per_channel}, weights {s.weights})")
         # MatMulConstBOnly: only MatMuls against a weight; attention's activation x activation
         # MatMuls would quantize both sides at run time and lose the most accuracy for little gain.
+        weight_type = QuantType.QUInt8 if s.weights == "uint8" else QuantType.QInt8
         quantize_dynamic(str(src.graph_path(name)), str(dst), op_types_to_quantize=list(s.op_types),
-                         per_channel=s.per_channel, weight_type=QuantType.QInt8, nodes_to_exclude=excluded or None,
+                         per_channel=s.per_channel, weight_type=weight_type, nodes_to_exclude=excluded or None,
                          extra_options={"MatMulConstBOnly": True})
 
-    return quantize_graphs(ctx, "int8", one)
+    meta = quantize_graphs(ctx, "int8", one)
+    # The engine is built, validated and mostly served where it is quantized: say so before it is.
+    if s.weights == "int8" and not u8s8_products_are_exact():
+        ctx.reporter.warn(f"{ctx.name}: {SATURATING_U8S8}")
+    return meta
