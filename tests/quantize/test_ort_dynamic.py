@@ -66,6 +66,7 @@ def test_dynamic_int8_flow_builds_and_holds_quality(dynamic_build: dict) -> None
     assert "validation.speed.machine_state" in md
 
 
+@pytest.mark.slow  # a CLI build of the flow's programs
 def test_uint8_weights_run_the_u8u8_kernels_and_warn_nowhere(tmp_path: Path, seed: Path) -> None:
     """``weights: uint8``: every integer MatMul of the estimator takes unsigned weights (ONNX Runtime's
     U8U8 kernels, exact on every CPU), so no CPU warrants the saturation warning."""

@@ -133,6 +133,7 @@ def test_keep_fp32_errors_are_one_line(tmp_path: Path, seed: Path, keep: list[st
     assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
+@pytest.mark.slow  # a CLI build of the flow's programs
 def test_a_cpu_without_vectorized_int8_products_is_told_so(tmp_path: Path, seed: Path) -> None:
     """An INT8 program for a CPU target, quantized on a CPU whose torch._int_mm is PyTorch's scalar loop,
     gets one warning line from its quantize step (none where oneDNN runs the products), and the step
