@@ -54,26 +54,16 @@ def int8_matmul_is_vectorized(flags: set[str] | None = None) -> bool:
     return "avx512_vnni" in (cpu_flags() if flags is None else flags)
 
 
-def u8s8_products_are_exact(flags: set[str] | None = None, machine: str | None = None) -> bool:
+def u8s8_products_are_exact(flags: set[str] | None = None) -> bool:
     """Whether ONNX Runtime's U8S8 integer products (unsigned activations, signed weights) are exact here.
 
     On x86 without VNNI its kernels multiply with VPMADDUBSW, which sums each pair of byte products into
     a saturating 16-bit integer; VNNI (AVX512-VNNI, AVX-VNNI) or AMX accumulate in 32 bits (ONNX Runtime's
     quantization guide, "When and why do I need to try U8U8?"). Other architectures have no such kernel.
     """
-    if (machine or platform.machine()).lower() not in ("x86_64", "amd64", "i686", "x86"):
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686", "x86"):
         return True
     return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & (cpu_flags() if flags is None else flags))
-
-
-SATURATING_U8S8 = ("this CPU has no VNNI, where ONNX Runtime's U8S8 products sum byte pairs into saturating 16-bit "
-                   "integers and lose accuracy; `weights: uint8` runs its U8U8 kernels, which are exact")
-
-
-SCALAR_INT8_MATMUL = ("this CPU has no AVX512-VNNI, and torch._int_mm is vectorized only with it (PyTorch runs a "
-                      "scalar loop otherwise), so INT8 torch programs run their products several times slower than "
-                      "FP32 here; on this CPU use ONNX Runtime's INT8 (recipes cpu-int8, cpu-fast) or the FP32 torch "
-                      "packages (cpu-torch)")
 
 
 def describe_host(path: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:

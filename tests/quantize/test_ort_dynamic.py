@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cosycompile.runtime.host import SATURATING_U8S8, u8s8_products_are_exact
+from cosycompile.quantize.ort_dynamic.quantize import SATURATING_U8S8
+from cosycompile.runtime.host import u8s8_products_are_exact
 from helpers import EVAL_SET, REPO, run_cli, until_outputs, write_recipe
 from seed_store import seeded
 

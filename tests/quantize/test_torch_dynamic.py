@@ -138,7 +138,8 @@ def test_a_cpu_without_vectorized_int8_products_is_told_so(tmp_path: Path, seed:
     """An INT8 program for a CPU target, quantized on a CPU whose torch._int_mm is PyTorch's scalar loop,
     gets one warning line from its quantize step (none where oneDNN runs the products), and the step
     records which it was."""
-    from cosycompile.runtime.host import SCALAR_INT8_MATMUL, int8_matmul_is_vectorized
+    from cosycompile.quantize.torch_dynamic.quantize import SCALAR_INT8_MATMUL
+    from cosycompile.runtime.host import int8_matmul_is_vectorized
 
     vectorized = int8_matmul_is_vectorized()
     recipe = _flow_only(tmp_path, {"format": "int8"})

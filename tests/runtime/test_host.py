@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import subprocess
 import sys
+from pathlib import Path
 
 from cosycompile.runtime.host import cpu_flags, describe_host, host_line, int8_matmul_is_vectorized
 

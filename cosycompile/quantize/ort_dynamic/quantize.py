@@ -9,7 +9,10 @@ from typing import Any
 from cosycompile.core.graph import StepContext
 from cosycompile.quantize.graphs import quantize_graphs
 from cosycompile.runtime.graphs_dir import GraphsDir
-from cosycompile.runtime.host import SATURATING_U8S8, u8s8_products_are_exact
+from cosycompile.runtime.host import u8s8_products_are_exact
+
+SATURATING_U8S8 = ("this CPU has no VNNI, where ONNX Runtime's U8S8 products sum byte pairs into saturating 16-bit "
+                   "integers and lose accuracy; `weights: uint8` runs its U8U8 kernels, which are exact")
 
 
 def quantize(ctx: StepContext) -> dict[str, Any]:

@@ -10,11 +10,16 @@ import torch
 
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
-from cosycompile.runtime.host import SCALAR_INT8_MATMUL, int8_matmul_is_vectorized
+from cosycompile.runtime.host import int8_matmul_is_vectorized
 from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
 from cosycompile.quantize.torch_dynamic.attention import node_arg, rewrite_attention
+
+SCALAR_INT8_MATMUL = ("this CPU has no AVX512-VNNI, and torch._int_mm is vectorized only with it (PyTorch runs a "
+                      "scalar loop otherwise), so INT8 torch programs run their products several times slower than "
+                      "FP32 here; on this CPU use ONNX Runtime's INT8 (recipes cpu-int8, cpu-fast) or the FP32 torch "
+                      "packages (cpu-torch)")
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
