@@ -32,6 +32,16 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def torch_ops_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cosycompile's torch operators compiled once per session and registered in this process."""
+    from cosycompile.runtime.torch_ops import build_library, load_library
+
+    library = build_library(tmp_path_factory.mktemp("torch_ops"))
+    load_library(library)
+    return library
+
+
+@pytest.fixture(scope="session")
 def seed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The artifacts dir of the session's seed store (see ``seed_store``): copy it with
     ``seed_store.seeded``, never build into it."""

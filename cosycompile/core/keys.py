@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import cosycompile
@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 PACKAGE = "cosycompile"
+NATIVE_SUFFIXES = (".cpp", ".h")
 _CACHE_VERSION = 1
 
 # One raw import fact of a file: (level, module, names). ``names`` is empty for ``import a.b``
@@ -309,8 +310,16 @@ def code_digest(roots: Iterable[str], package_root: Path | None = None) -> str:
     (path, size, mtime_ns), in memory and optionally on disk (:func:`set_persistent_cache`).
     """
     root = Path(package_root) if package_root is not None else default_package_root()
-    entries = sorted((rel, facts.sha256) for _, rel, facts in _closure(roots, root).values())
-    return _sha256_json(entries)
+    closure = _closure(roots, root).values()
+    entries = [(rel, facts.sha256) for _, rel, facts in closure]
+    # A package's C++ sources (compiled at build time, e.g. runtime/torch_ops) are code its steps run.
+    for here, rel, _ in closure:
+        if rel.endswith("__init__.py"):
+            for src in sorted(Path(here).parent.iterdir()):
+                if src.suffix in NATIVE_SUFFIXES:
+                    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+                    entries.append(((PurePosixPath(rel).parent / src.name).as_posix(), digest))
+    return _sha256_json(sorted(entries))
 
 
 def _sha256_json(obj: Any) -> str:

@@ -30,9 +30,15 @@ def quiet() -> Iterator[None]:
 
 
 def load_program(path: Path) -> Any:
-    """The ExportedProgram saved at ``path``."""
+    """The ExportedProgram saved at ``path`` (with the operator library its dir carries registered first:
+    a program that calls ``torch.ops.cosycompile.*`` does not deserialize without it)."""
     import torch
 
+    from cosycompile.runtime.torch_ops import library_in, load_library
+
+    library = library_in(Path(path).parent)
+    if library is not None:
+        load_library(library)
     with quiet():
         return torch.export.load(str(path))
 

@@ -72,6 +72,44 @@ def test_the_llm_step_compiles_and_matches_the_reference(llm_build: tuple[Path, 
     assert not list(engine.rglob("*.onnx"))
 
 
+def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path: Path, seed: Path) -> None:
+    """``kernel: cosycompile``: the quantize step compiles the operator library into its output, the
+    engine dir links it beside the package and names it in the passport, the build's check passes, and
+    a copy of the engine dir alone runs in a fresh process (as on another server of the same CPU class)."""
+    import subprocess
+    import sys
+
+    from cosycompile.runtime.torch_ops import library_in
+
+    recipe = write_recipe(tmp_path / "llm-own-op.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "torch-llm-own-op",
+        "stages": {"flow": {"enabled": False}, "hift": {"enabled": False},
+                   "llm": {"quantize": {"format": "int8", "kernel": "cosycompile"}}},
+        "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
+    })
+    art, out = seeded(seed, tmp_path / "art"), {}
+    for until in ("engine", "check"):  # `--until` names the outputs of the steps it stops at
+        res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", until, "-q", timeout=1200)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        out.update(until_outputs(res.stdout))
+    llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
+    assert llm["logit_cosine"] >= 0.99 and 0 < llm["max_abs_logit_error"], llm
+    engine = out["llm.engine"]
+    library = library_in(engine)
+    assert library is not None and json.loads((engine / "engine.json").read_text())["torch_ops"] == library.name
+    moved = tmp_path / "elsewhere" / "engine"
+    shutil.copytree(engine, moved)
+    script = ("import sys, numpy as np; from pathlib import Path; from cosycompile.backends.torch.build import load; "
+              "r = load(Path(sys.argv[1]), 2)['llm_step']; "
+              "o = r.run({'inputs_embeds': np.zeros((1, 3, int(sys.argv[2])), np.float32), "
+              "'past_key_values': np.zeros((int(sys.argv[3]), 2, 1, int(sys.argv[4]), 0, int(sys.argv[5])), np.float32)}); "
+              "print(o['logits'].shape, bool(np.isfinite(o['logits']).all()))")
+    info = json.loads((engine / "graphs.json").read_text())["info"]
+    dims = [str(info[k]) for k in ("hidden_size", "num_layers", "kv_heads", "head_dim")]
+    ran = subprocess.run([sys.executable, "-c", script, str(moved), *dims], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stdout.strip().endswith("True"), ran.stdout[-2000:] + ran.stderr[-2000:]
+
+
 @pytest.mark.extended
 def test_int8_attention_flow_compiles_and_holds_quality(tmp_path: Path, seed: Path) -> None:
     """recipes/cpu-torch-int8's flow (INT8 linears and INT8 attention products, the loop over heads

@@ -266,6 +266,19 @@ def test_comment_changes_digest_of_exactly_the_roots_that_reach_it(pkg_copy: Pat
     assert any(m not in c for m in targets for c in closures.values())
 
 
+def test_native_source_of_a_package_changes_the_digest_of_the_steps_that_import_it(pkg_copy: Path) -> None:
+    # The torch operators are compiled from C++ at build time: a kernel edit must re-key the steps
+    # that write programs calling it, and only those.
+    cpp = pkg_copy / "runtime" / "torch_ops" / "int8_linear.cpp"
+    user, other = "cosycompile.quantize.torch_dynamic.quantize", "cosycompile.runtime.dsp"
+    assert "cosycompile.runtime.torch_ops" in module_closure([user], package_root=pkg_copy)
+    assert "cosycompile.runtime.torch_ops" not in module_closure([other], package_root=pkg_copy)
+    before = {r: code_digest([r], package_root=pkg_copy) for r in (user, other)}
+    cpp.write_text(cpp.read_text() + "\n// an edit\n")
+    assert code_digest([user], package_root=pkg_copy) != before[user]
+    assert code_digest([other], package_root=pkg_copy) == before[other]
+
+
 def test_digest_is_independent_of_location_and_stable(tmp_path: Path, pkg_copy: Path) -> None:
     other = tmp_path / "elsewhere" / "cosycompile"
     shutil.copytree(pkg_copy, other)

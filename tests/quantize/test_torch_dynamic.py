@@ -33,12 +33,13 @@ def programs(tiny_model_dir: Path) -> dict[str, Any]:
     return out
 
 
-def _rewrite(entry: dict[str, Any], fmt: str, pad_rows: int = 0, keep: tuple[str, ...] = ()) -> tuple[Any, dict]:
+def _rewrite(entry: dict[str, Any], fmt: str, pad_rows: int = 0, keep: tuple[str, ...] = (),
+             kernel: str = "int_mm") -> tuple[Any, dict]:
     from cosycompile.quantize.torch_dynamic.quantize import Program, rewrite_linears
     from cosycompile.stages.common import export_program
 
     gm = entry["program"].module()
-    done = rewrite_linears(gm, fmt, pad_rows, list(keep))
+    done = rewrite_linears(gm, fmt, pad_rows, list(keep), kernel)
     program, _ = export_program(Program(gm), entry["spec"], entry["info"])
     return program, done
 
@@ -102,6 +103,47 @@ def test_gpu_row_padding_changes_nothing(programs: dict, graph: str) -> None:
         b = padded.module()(*entry["inputs"])
     for x, y in zip(a, b):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("graph", ["llm_step", "llm_step_static", "flow_estimator"])
+def test_the_cosycompile_kernel_is_one_call_a_linear_computing_what_int_mm_does(programs: dict, graph: str,
+                                                                               torch_ops_library: Path) -> None:
+    """``kernel: cosycompile`` puts one ``cosycompile::int8_linear`` where ``int_mm`` puts a quantize,
+    a ``torch._int_mm`` and a rescale (a GELU before it stays a GELU), with the same weights and
+    outputs; the decode steps' one-row calls take the operator's VNNI pass where the CPU has one."""
+    import torch
+
+    entry = programs[graph]
+    composite, done = _rewrite(entry, "int8")
+    own, own_done = _rewrite(entry, "int8", kernel="cosycompile")
+    calls = [str(n.target) for n in own.graph.nodes if n.op == "call_function"]
+    assert calls.count("cosycompile.int8_linear.default") == _call_counts(composite)["aten._int_mm.default"] > 0
+    assert _call_counts(own)["aten._int_mm.default"] == 0 and own_done["quantized_linears"] == done["quantized_linears"]
+    with torch.no_grad():
+        fp32 = _first(entry["program"].module()(*entry["inputs"]))
+        want = _first(composite.module()(*entry["inputs"]))
+        got = _first(own.module()(*entry["inputs"]))
+    if graph == "flow_estimator":
+        # After a GELU the composite takes the row scale from the GELU's input, the operator from its
+        # output: other integers, equally close to FP32.
+        assert 0 < float((got - fp32).norm() / fp32.norm()) < 0.01
+    else:
+        # The same integers: only the float rounding of the rescale may differ.
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert not torch.equal(got, fp32)
+
+
+@pytest.mark.parametrize(("quantize", "target", "says"), [
+    ({"format": "int8", "kernel": "cosycompile"}, "h100", "this block is int8 for target 'h100'"),
+    ({"format": "fp8", "kernel": "cosycompile"}, "h100", "this block is fp8 for target 'h100'"),
+])
+def test_the_cosycompile_kernel_off_a_cpu_int8_block_is_one_line(tmp_path: Path, quantize: dict, target: str,
+                                                                  says: str) -> None:
+    recipe = _flow_only(tmp_path, quantize, target=target)
+    res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "stages.flow.quantize.kernel: 'cosycompile' is an INT8 operator for CPU targets" in res.stderr, res.stderr
+    assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 def test_keep_fp32_keeps_the_matching_linears(programs: dict) -> None:

@@ -16,7 +16,9 @@ import torch
 from cosycompile.errors import BackendUnavailable, UserError
 from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
+from cosycompile.core.files import link_or_copy
 from cosycompile.runtime.loading import read_passport
+from cosycompile.runtime.torch_ops import library_in, load_library
 from cosycompile.runtime.torch_programs import load_program, quiet
 
 # torch.backends.cpu.get_cpu_capability() values, weakest first: a package compiled for one runs
@@ -43,6 +45,9 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     work = Path(inductor_dir())
     device = _device(target)
     eng = copy_assets(gd, out)
+    library = library_in(src)
+    if library is not None:  # the programs call cosycompile's operators: the packages will too
+        link_or_copy(library, out / library.name)
     configs = {"freezing": options.freezing, "max_autotune": options.max_autotune}
     for name, graph in gd.graphs.items():
         program = load_program(gd.graph_path(name))
@@ -67,6 +72,8 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         "inductor": configs,
         "build_host": {"machine": platform.machine()},
     }
+    if library is not None:
+        fields["torch_ops"] = library.name  # the operator library the packages call
     if device == "cpu":
         fields["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     else:
@@ -177,6 +184,9 @@ def load(engine_dir: Path, threads: int) -> dict[str, AotiRunner]:
         raise BackendUnavailable(f"{engine_dir}: a CUDA package and this PyTorch sees no CUDA device")
     from cosycompile.stages.llm import LLM_STEP_STATIC
 
+    library = library_in(engine_dir)
+    if library is not None:
+        load_library(library)  # before any package: they call its operators
     gd = read_graphs_dir(engine_dir)
     # Only the static-cache program decodes with a cache of its own; llm_step's runner must not offer to.
     return {name: (StaticStepRunner if name == LLM_STEP_STATIC.name else AotiRunner)(

@@ -5,7 +5,9 @@ itself: the weight is stored quantized (INT8 per output channel, or FP8 E4M3 per
 input is quantized as it flows (INT8 per row, FP8 per tensor; after a GELU, the INT8 row scale is bounded
 from the GELU's input so that the GELU is computed once) before ``torch._int_mm`` or
 ``torch._scaled_mm``; the result is rescaled to FP32. With ``attention: int8`` (CPU targets) the
-attention products go to INT8 too (``attention.py``). Convolutions and normalisations stay FP32.
+attention products go to INT8 too (``attention.py``). With ``kernel: cosycompile`` each INT8 linear is
+one call of the project's ``cosycompile::int8_linear`` operator (``runtime/torch_ops``), the same
+arithmetic, which reads the weights once for a decode step's row. Convolutions and normalisations stay FP32.
 No calibration data: the ranges come from each call's own activations.
 
 The programs are the same for a CPU and a GPU target except one thing CUDA's INT8 GEMM demands:
@@ -38,6 +40,11 @@ class Spec(BaseModel):
     attention: Literal["fp32", "int8"] = Field(
         "fp32", description="precision of the attention products (Q.K and P.V) of the quantized graphs; "
                             "int8 is for CPU targets and needs a fixed batch and head count")
+    kernel: Literal["int_mm", "cosycompile"] = Field(
+        "int_mm", description="the INT8 linears' kernel: 'int_mm' (torch._int_mm, the activation's quantization fused "
+                              "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "
+                              "with the quantize step and carried in the engine dir: up to 4 rows in one AVX512-VNNI "
+                              "pass over the weights, torch._int_mm beyond; for decode steps on CPU targets)")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
                                              "whose linears stay FP32")
@@ -55,6 +62,9 @@ class Spec(BaseModel):
 
 def check(spec: Spec, stage: str, target: Target) -> tuple[str, str] | None:
     """INT8 attention is for CPU targets: its frame counts are not the multiples of 8 CUDA's INT8 GEMM needs."""
+    if spec.kernel == "cosycompile" and (spec.format != "int8" or target.kind == "gpu"):
+        return "kernel", ("'cosycompile' is an INT8 operator for CPU targets; "
+                          f"this block is {spec.format} for target '{target.name}': use kernel 'int_mm'")
     if spec.attention == "int8" and target.kind == "gpu":
         return "attention", ("int8 runs on CPU targets only (CUDA's INT8 GEMM needs inner sizes that are "
                              f"multiples of 8, which a frame count is not); target '{target.name}' is a GPU")

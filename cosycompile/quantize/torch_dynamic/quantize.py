@@ -11,6 +11,7 @@ import torch
 from cosycompile.core.graph import StepContext
 from cosycompile.runtime.graphs_dir import GraphsDir
 from cosycompile.runtime.host import int8_matmul_is_vectorized
+from cosycompile.runtime.torch_ops import build_library, load_library
 from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
@@ -95,9 +96,11 @@ LINEARS: dict[str, Callable[..., torch.Tensor]] = {"int8": int8_linear, "fp8": f
 
 
 def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
-                    keep_fp32: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+                    keep_fp32: list[str] | tuple[str, ...] = (), kernel: str = "int_mm") -> dict[str, Any]:
     """Replace, in place, every ``aten.linear`` of ``gm`` whose weight is a constant with the quantized
-    linear of ``fmt``; the FP32 weights no node reads any more are dropped. Returns what was done."""
+    linear of ``fmt`` (INT8 through ``kernel``: ``int_mm`` or ``cosycompile``, whose operator must be
+    loaded); the FP32 weights no node reads any more are dropped. Returns what was done."""
+    own_op = fmt == "int8" and kernel == "cosycompile"
     graph = gm.graph
     done: dict[str, str] = {}  # FP32 weight -> prefix of its quantized buffers (shared weights once)
     kept: dict[str, str] = {}
@@ -125,8 +128,10 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
         prefix = done[w.target]
         with graph.inserting_before(node):
             qw, qs = graph.get_attr(f"{prefix}_w"), graph.get_attr(f"{prefix}_scale")
-            gelu = _gelu_before(x) if fmt == "int8" else None
-            if gelu is not None:
+            gelu = _gelu_before(x) if fmt == "int8" and not own_op else None
+            if own_op:
+                new = graph.call_function(torch.ops.cosycompile.int8_linear.default, (x, qw, qs, bias))
+            elif gelu is not None:
                 approximate = node_arg(gelu, 1, "approximate", "none")
                 new = graph.call_function(int8_gelu_linear, (gelu.args[0], qw, qs, bias, pad_rows, approximate))
             else:
@@ -177,9 +182,14 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     on_gpu = ctx.params.get("target_kind") == "gpu"
     pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and on_gpu else 0
 
+    if s.kernel == "cosycompile":
+        # Beside the programs that call it: load_program registers it from there, and the torch
+        # backend links it into the engine dir.
+        load_library(build_library(ctx.out))
+
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         gm = load_program(src.graph_path(name)).module()
-        result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32))
+        result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32), s.kernel)
         ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
         if s.attention == "int8":
             result["attention"] = rewrite_attention(gm)

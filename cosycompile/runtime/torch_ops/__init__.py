@@ -1,0 +1,106 @@
+"""The project's own PyTorch operators (``torch.ops.cosycompile.*``), compiled from C++ on the build machine.
+
+One operator so far, ``cosycompile::int8_linear(x, w_q, w_scale, bias)``: a linear with INT8 weights
+per output channel and the input quantized per row at run time, the arithmetic of torch_dynamic's
+``int8_linear`` in one call (``int8_linear.cpp`` says why it exists).
+
+A program that calls it needs the compiled library in every process that loads or runs it, so the
+library travels with the programs: the quantize step that writes such a program builds it into its
+output dir (:func:`build_library`), the torch backend links it into the engine dir beside the
+packages, and :func:`load_library` registers it before a program or package is read. The file name
+holds a digest of the source, the torch version and the flags, so two engine dirs built from the same
+code carry the same library, and a process refuses a second, different one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import threading
+from pathlib import Path
+
+from cosycompile.errors import UserError
+
+SOURCE = Path(__file__).with_name("int8_linear.cpp")
+# Whatever the build machine, the library is generic x86-64 code; the VNNI kernel is compiled for its
+# own ISA (a target attribute) and runs only where the CPU reports it.
+FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fopenmp", "-w")
+COMPILE_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_loaded: dict[str, Path] = {}  # library file name -> where it was loaded from
+
+
+def library_name() -> str:
+    """The library's file name for this source, torch version and set of flags."""
+    import torch
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(f"{torch.__version__}|{platform.machine()}|{' '.join(FLAGS)}".encode())
+    return f"libcosycompile_ops-{h.hexdigest()[:16]}.so"
+
+
+def build_library(dest_dir: Path) -> Path:
+    """Compile the operators into ``dest_dir`` (written under a temporary name, then renamed, so a
+    killed build leaves no half-written library); returns its path. Needs a C++ compiler (``$CXX``,
+    else ``g++``), as AOTInductor does."""
+    import torch
+    from torch.utils import cpp_extension
+
+    dest = dest_dir / library_name()
+    if dest.exists():
+        return dest
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    compiler = os.environ.get("CXX", "g++")
+    cmd = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(tmp),
+           *(f"-L{p}" for p in cpp_extension.library_paths()), "-ltorch", "-ltorch_cpu", "-lc10"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except FileNotFoundError:
+        raise UserError(f"no C++ compiler '{compiler}' on this machine: the torch backend's INT8 operator is "
+                        "compiled at build time (set CXX, or install g++)") from None
+    except subprocess.TimeoutExpired:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"compiling {SOURCE.name} took more than {COMPILE_TIMEOUT_S} s; stopped") from None
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise UserError(f"compiling {SOURCE.name} with {compiler} failed: {last}")
+    os.replace(tmp, dest)
+    return dest
+
+
+def load_library(path: Path) -> None:
+    """Register the operators of the library at ``path`` in this process (once; the same library again
+    is a no-op, a different one an error, since an operator can be registered only once)."""
+    import torch
+
+    with _lock:
+        if path.name in _loaded:
+            return
+        if _loaded:
+            other = next(iter(_loaded.values()))
+            raise UserError(f"{path}: this process already runs cosycompile's operators from {other}, built from "
+                            "other code; rebuild the engines with one version of cosycompile")
+        torch.ops.load_library(str(path))
+        _register_fake()
+        _loaded[path.name] = path
+
+
+def library_in(directory: Path) -> Path | None:
+    """The operator library a graphs or engine dir carries, if any."""
+    found = sorted(directory.glob("libcosycompile_ops-*.so"))
+    return found[0] if found else None
+
+
+def _register_fake() -> None:
+    import torch
+
+    @torch.library.register_fake("cosycompile::int8_linear")
+    def _int8_linear_shape(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                           bias: torch.Tensor | None) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], w_q.shape[0]))
