@@ -142,7 +142,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="builtin:random-0.5b")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    ap.add_argument("--formats", default=None, help="comma list (default: fp32,bf16,int8 on a CPU, and fp8 on sm89+)")
+    ap.add_argument("--formats", default=None, help="comma list (default: fp32,bf16,int8 on a CPU, and fp8 on sm89+); "
+                                                    "int8-cosycompile: INT8 on the project's own operator")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--past", type=int, default=120, help="positions already in the KV cache")
     ap.add_argument("--tokens", type=int, default=32, help="decode steps per timed run")
@@ -178,7 +179,9 @@ def main() -> int:
     for fmt in formats:
         stages: dict[str, Any] = {"flow": {"enabled": False}, "hift": {"enabled": False}}
         if fmt != "fp32":
-            stages["llm"] = {"quantize": {"format": fmt}}
+            # "int8-cosycompile": INT8 linears on the project's own operator instead of torch._int_mm.
+            base, _, kernel = fmt.partition("-")
+            stages["llm"] = {"quantize": {"format": base, **({"kernel": kernel} if kernel else {})}}
         body = {"extends": str(REPO / "recipes" / "cpu-torch.yaml"), "model": args.model, "target": target,
                 "stages": stages}
         graphs = "llm.quantize" if fmt != "fp32" else "llm.export"

@@ -12,11 +12,11 @@ from cosycompile.errors import UserError
 
 
 @pytest.mark.parametrize("shape", [(1, 896), (1, 1, 896), (2, 1, 896), (3, 896), (4, 896), (5, 896), (2, 17, 896),
-                                   (0, 896), (1, 100), (4, 4864)])
+                                   (0, 896), (1, 100), (4, 4864), (8, 896), (9, 896), (2, 4, 4864)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_int8_linear_computes_what_the_int_mm_composite_computes(torch_ops_library: Path, shape: tuple[int, ...],
                                                                   with_bias: bool) -> None:
-    """Up to 4 rows take the VNNI pass over the weights (where the CPU has AVX512-VNNI), more rows
+    """Up to 8 rows take the VNNI pass over the weights (where the CPU has AVX512-VNNI), more rows
     torch._int_mm; K not a multiple of 64 and N not a multiple of 4 take the kernels' tails. The
     products are the same integers, so only the float rescale's rounding may differ."""
     import torch

@@ -43,7 +43,7 @@ class Spec(BaseModel):
     kernel: Literal["int_mm", "cosycompile"] = Field(
         "int_mm", description="the INT8 linears' kernel: 'int_mm' (torch._int_mm, the activation's quantization fused "
                               "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "
-                              "with the quantize step and carried in the engine dir: up to 4 rows in one AVX512-VNNI "
+                              "with the quantize step and carried in the engine dir: up to 8 rows in one AVX512-VNNI "
                               "pass over the weights, torch._int_mm beyond; for decode steps on CPU targets)")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "

@@ -23,7 +23,10 @@
 
 namespace {
 
-constexpr int64_t GEMV_ROWS = 4;
+// Rows multiplied in one pass over the weights: four at a time against each block of four weight rows
+// (16 accumulators in registers), the block re-read from L1 for the next four.
+constexpr int64_t GEMV_ROWS = 8;
+constexpr int64_t ROW_GROUP = 4;
 
 // Each row of x [M, K] as INT8 (round half to even, clamp to +-127, as torch.round does), its scale,
 // and 128 times the sum of its INT8 values (the offset the unsigned operand of VPDPBUSD adds).
@@ -50,13 +53,13 @@ bool has_avx512_vnni() {
          __builtin_cpu_supports("avx512vnni");
 }
 
-// acc[m][i] = sum_k q[m][k] * w[n0 + i][k] for i < rows <= 4 and m < M <= GEMV_ROWS (M a template
+// acc[m][i] = sum_k q[m][k] * w[n0 + i][k] for i < rows <= 4 and m < M <= ROW_GROUP (M a template
 // argument, so that the accumulators stay in registers). VPDPBUSD multiplies unsigned by signed bytes:
 // the weights are made unsigned by flipping their sign bit (w + 128), and the caller takes
 // 128 * sum(q[m]) back off.
 template <int M>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_t acc[GEMV_ROWS][4]) {
+void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_t acc[ROW_GROUP][4]) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512i a[M][4];
   for (int m = 0; m < M; ++m)
@@ -100,20 +103,26 @@ void gemv(const int8_t* w, int64_t N, int64_t K, const int8_t* q, const float* x
           const float* ws, const float* bias, float* y) {
   // Blocks of 4 weight rows, 16 blocks at least per task so that a thread streams a long run of memory.
   at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
-    int32_t acc[GEMV_ROWS][4];
+    int32_t acc[ROW_GROUP][4];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * 4, rows = std::min<int64_t>(4, N - n0);
-      switch (M) {
-        case 1: dot_block<1>(w + n0 * K, K, rows, q, acc); break;
-        case 2: dot_block<2>(w + n0 * K, K, rows, q, acc); break;
-        case 3: dot_block<3>(w + n0 * K, K, rows, q, acc); break;
-        default: dot_block<4>(w + n0 * K, K, rows, q, acc); break;
-      }
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t i = 0; i < rows; ++i) {
-          const float v = static_cast<float>(acc[m][i] - offset[m]) * xs[m] * ws[n0 + i];
-          y[m * N + n0 + i] = bias ? v + bias[n0 + i] : v;
+      for (int64_t m0 = 0; m0 < M; m0 += ROW_GROUP) {
+        const int64_t group = std::min<int64_t>(ROW_GROUP, M - m0);
+        const int8_t* qg = q + m0 * K;
+        switch (group) {
+          case 1: dot_block<1>(w + n0 * K, K, rows, qg, acc); break;
+          case 2: dot_block<2>(w + n0 * K, K, rows, qg, acc); break;
+          case 3: dot_block<3>(w + n0 * K, K, rows, qg, acc); break;
+          default: dot_block<4>(w + n0 * K, K, rows, qg, acc); break;
         }
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t m = m0 + g;
+          for (int64_t i = 0; i < rows; ++i) {
+            const float v = static_cast<float>(acc[g][i] - offset[m]) * xs[m] * ws[n0 + i];
+            y[m * N + n0 + i] = bias ? v + bias[n0 + i] : v;
+          }
+        }
+      }
     }
   });
 }
