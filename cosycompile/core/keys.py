@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import cosycompile
@@ -168,7 +168,8 @@ def _file_facts(path: str) -> _FileFacts:
         return hit
     with open(path, "rb") as f:
         data = f.read()
-    facts = _FileFacts(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest(), _parse_imports(data, path))
+    imports = _parse_imports(data, path) if path.endswith(".py") else ()  # a native source imports nothing
+    facts = _FileFacts(st.st_size, st.st_mtime_ns, hashlib.sha256(data).hexdigest(), imports)
     _facts[path] = facts
     _persist_dirty = True
     return facts
@@ -177,8 +178,10 @@ def _file_facts(path: str) -> _FileFacts:
 # --------------------------------------------------------------------------------------------
 # Module index: which dotted names are modules of the package, and where their files are
 
-def _index_modules(package_root: Path) -> dict[str, tuple[str, str]]:
-    """Map every module of the package to (absolute file path, package-relative posix path).
+def _index_modules(package_root: Path) -> tuple[dict[str, tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    """Map every module of the package to (absolute file path, package-relative posix path), and every
+    package to the C++ sources in its folder (compiled at build time, e.g. runtime/torch_ops: code the
+    steps that import the package run), as the same pairs.
 
     The tree is listed once per walk.
 
@@ -188,9 +191,10 @@ def _index_modules(package_root: Path) -> dict[str, tuple[str, str]]:
     """
     # Plain strings, not Path objects: pathlib's parsing dominated the warm no-op timing.
     index: dict[str, tuple[str, str]] = {}
+    natives: dict[str, list[tuple[str, str]]] = {}
     top = str(package_root)
     if not os.path.isfile(os.path.join(top, "__init__.py")):
-        return index
+        return index, natives
     stack: list[tuple[str, str, str]] = [(top, "", PACKAGE)]  # (folder, relative prefix, dotted name)
     while stack:
         folder, rel, dotted = stack.pop()
@@ -205,7 +209,9 @@ def _index_modules(package_root: Path) -> dict[str, tuple[str, str]]:
                     # setdefault + the later pop of a same-named subfolder: a package shadows a
                     # module of the same name, as in the import system.
                     index.setdefault(f"{dotted}.{name[:-3]}", (e.path, rel + name))
-    return index
+                elif name.endswith(NATIVE_SUFFIXES):
+                    natives.setdefault(dotted, []).append((e.path, rel + name))
+    return index, natives
 
 
 def _parents(module: str) -> list[str]:
@@ -229,9 +235,11 @@ def _resolve_base(importer: str, is_package: bool, level: int, module: str, impo
     return f"{base}.{module}" if module else base
 
 
-def _closure(roots: Iterable[str], package_root: Path) -> dict[str, tuple[str, str, _FileFacts]]:
-    """module -> (absolute path, package-relative posix path, file facts) for the closure of roots."""
-    index = _index_modules(package_root)
+def _closure(roots: Iterable[str], package_root: Path) -> tuple[dict[str, tuple[str, str, _FileFacts]],
+                                                                  list[tuple[str, str, _FileFacts]]]:
+    """module -> (absolute path, package-relative posix path, file facts) for the closure of roots, and
+    the same triples for the native sources of the packages in it."""
+    index, natives = _index_modules(package_root)
     done: dict[str, tuple[str, str, _FileFacts]] = {}
     todo: list[tuple[str, str]] = []  # (module, who asked for it) so errors can name the importer
 
@@ -274,8 +282,9 @@ def _closure(roots: Iterable[str], package_root: Path) -> dict[str, tuple[str, s
                 # Otherwise ``name`` is an attribute of ``base``, which exists: nothing more to load.
                 if sub in index:
                     need(sub, here)
+    native = [(here, rel, _file_facts(here)) for m in done for here, rel in natives.get(m, ())]
     _save_persistent()
-    return done
+    return done, native
 
 
 # --------------------------------------------------------------------------------------------
@@ -292,17 +301,18 @@ def module_closure(roots: Iterable[str], package_root: Path | None = None) -> li
     file, naming the file that imports it.
     """
     root = Path(package_root) if package_root is not None else default_package_root()
-    return sorted(_closure(roots, root))
+    return sorted(_closure(roots, root)[0])
 
 
 def module_files(roots: Iterable[str], package_root: Path | None = None) -> dict[str, Path]:
     """Like :func:`module_closure`, mapping each module name to its source file."""
     root = Path(package_root) if package_root is not None else default_package_root()
-    return {m: Path(p) for m, (p, _, _) in sorted(_closure(roots, root).items())}
+    return {m: Path(p) for m, (p, _, _) in sorted(_closure(roots, root)[0].items())}
 
 
 def code_digest(roots: Iterable[str], package_root: Path | None = None) -> str:
-    """Hex sha256 identifying the code that ``roots`` can run: their import closure's sources.
+    """Hex sha256 identifying the code that ``roots`` can run: their import closure's sources, with the
+    C++ sources of the packages in it.
 
     It hashes the sorted ``(package-relative posix path, sha256 of the file's bytes)`` pairs, so
     it is independent of where the package is installed and changes exactly when a file in the
@@ -310,16 +320,9 @@ def code_digest(roots: Iterable[str], package_root: Path | None = None) -> str:
     (path, size, mtime_ns), in memory and optionally on disk (:func:`set_persistent_cache`).
     """
     root = Path(package_root) if package_root is not None else default_package_root()
-    closure = _closure(roots, root).values()
-    entries = [(rel, facts.sha256) for _, rel, facts in closure]
-    # A package's C++ sources (compiled at build time, e.g. runtime/torch_ops) are code its steps run.
-    for here, rel, _ in closure:
-        if rel.endswith("__init__.py"):
-            for src in sorted(Path(here).parent.iterdir()):
-                if src.suffix in NATIVE_SUFFIXES:
-                    digest = hashlib.sha256(src.read_bytes()).hexdigest()
-                    entries.append(((PurePosixPath(rel).parent / src.name).as_posix(), digest))
-    return _sha256_json(sorted(entries))
+    modules, native = _closure(roots, root)
+    entries = sorted((rel, facts.sha256) for _, rel, facts in [*modules.values(), *native])
+    return _sha256_json(entries)
 
 
 def _sha256_json(obj: Any) -> str:

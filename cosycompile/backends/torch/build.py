@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from cosycompile.errors import BackendUnavailable, UserError
+from cosycompile.core.files import link_or_copy
 from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
-from cosycompile.core.files import link_or_copy
 from cosycompile.runtime.loading import read_passport
 from cosycompile.runtime.torch_ops import library_in, load_library
 from cosycompile.runtime.torch_programs import load_program, quiet
