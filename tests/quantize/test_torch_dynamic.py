@@ -144,6 +144,7 @@ def test_the_cosycompile_kernel_off_a_cpu_int8_block_is_one_line(tmp_path: Path,
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
     assert "stages.flow.quantize.kernel: 'cosycompile' is an INT8 operator for CPU targets" in res.stderr, res.stderr
     assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not list((tmp_path / "art").rglob("entry.json"))  # refused when read: nothing cached
 
 
 def test_keep_fp32_keeps_the_matching_linears(programs: dict) -> None:
