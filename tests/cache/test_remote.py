@@ -447,5 +447,5 @@ def test_remote_tier_is_in_no_step_key() -> None:
     import cosycompile
     from cosycompile.core.keys import _closure
 
-    closure = _closure(["cosycompile.core.graph", "cosycompile.onnx.simplify"], Path(cosycompile.__file__).parent)
+    closure = _closure(["cosycompile.core.graph", "cosycompile.onnx.simplify"], Path(cosycompile.__file__).parent)[0]
     assert "cosycompile.core.graph" in closure and "cosycompile.cache.remote" not in closure

@@ -42,8 +42,12 @@ def test_a_new_cache_entry_or_staging_dir_is_seen(tmp_path: Path) -> None:
 def test_a_case_that_damages_the_shared_store_fails_the_follow_up_build(tmp_path: Path, seed: Path) -> None:
     # A refused command that also appends a byte to one cached file: no entry.json or bundle changes,
     # so only the follow-up build (the store drops the damaged entry and builds its step again) sees it.
+    # The file is one of the follow-up's own final step (its bundle folder names that key): the seeded
+    # store also holds other recipes' entries, which the follow-up never reads.
     private = cached_build(tmp_path / "private", seed)
-    damaged = next(p for p in sorted(private.art.glob("cache/objects/*/*/data/**/*")) if p.is_file())
+    (bundle,) = private.art.glob("builds/followup-*")
+    key = bundle.name.rsplit("-", 1)[1]
+    damaged = next(p for p in sorted(private.art.glob(f"cache/objects/{key[:2]}/{key}*/data/**/*")) if p.is_file())
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(f"open({str(damaged)!r}, 'ab').write(b'x')\n")
