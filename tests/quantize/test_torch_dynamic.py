@@ -193,6 +193,14 @@ def test_a_cpu_without_vectorized_int8_products_is_told_so(tmp_path: Path, seed:
     assert json.loads(entry.read_text())["meta"]["build_host_int8_matmul"] == ("vectorized" if vectorized else "scalar")
 
 
+def test_only_the_int_mm_kernel_crawls_without_avx512_vnni() -> None:
+    from cosycompile.quantize.torch_dynamic.quantize import products_crawl_here
+
+    assert products_crawl_here("int_mm", {"avx2", "fma"})
+    assert not products_crawl_here("int_mm", {"avx2", "avx512f", "avx512bw", "avx512_vnni"})
+    assert not products_crawl_here("cosycompile", {"avx2", "fma"}) and not products_crawl_here("cosycompile", set())
+
+
 @pytest.mark.extended
 def test_fp8_program_for_h100_is_written_on_a_cpu_machine(tmp_path: Path) -> None:
     """An H100 recipe's FP8 flow program is quantized here (the engine step is left for the GPU); the

@@ -11,18 +11,25 @@ import pytest
 from cosycompile.errors import UserError
 
 
+KERNELS = ("vnni", "avx2", "int_mm", "fp32")
+
+
 @pytest.mark.parametrize("shape", [(1, 896), (1, 1, 896), (2, 1, 896), (3, 896), (4, 896), (5, 896), (2, 17, 896),
                                    (0, 896), (1, 100), (4, 4864), (8, 896), (9, 896), (2, 4, 4864)])
 @pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("kernel", ["chosen", *KERNELS])
 def test_int8_linear_computes_what_the_int_mm_composite_computes(torch_ops_library: Path, shape: tuple[int, ...],
-                                                                  with_bias: bool) -> None:
-    """Up to 8 rows take the VNNI pass over the weights (where the CPU has AVX512-VNNI), more rows
-    torch._int_mm; K not a multiple of 64 and N not a multiple of 4 take the kernels' tails. The
-    products are the same integers, so only the float rescale's rounding may differ."""
+                                                                  with_bias: bool, kernel: str) -> None:
+    """Every kernel this CPU can run, and the one the operator picks by row count (up to 8 rows a pass over
+    the weights, more a blocked GEMM), against the composite; K not a multiple of 64 or 32 and N not a
+    multiple of 4 take the kernels' tails. The products are the same integers, so only the float
+    rescale's rounding may differ."""
     import torch
 
     from cosycompile.quantize.torch_dynamic.quantize import int8_linear, quantize_weight
 
+    if kernel != "chosen" and kernel not in torch.ops.cosycompile.int8_linear_kernels():
+        pytest.skip(f"this CPU cannot run the {kernel} kernel")
     gen = torch.Generator().manual_seed(sum(shape) + with_bias)
     K = shape[-1]
     N = 1154 if K == 4864 else 9730  # not a multiple of 4
@@ -30,11 +37,38 @@ def test_int8_linear_computes_what_the_int_mm_composite_computes(torch_ops_libra
     bias = torch.randn(N, generator=gen) if with_bias else None
     x = torch.randn(*shape, generator=gen)
     want = int8_linear(x, w_q, w_scale, bias, 0)
-    got = torch.ops.cosycompile.int8_linear(x, w_q, w_scale, bias)
+    got = (torch.ops.cosycompile.int8_linear(x, w_q, w_scale, bias) if kernel == "chosen" else
+           torch.ops.cosycompile.int8_linear_with(x, w_q, w_scale, bias, kernel))
     assert got.shape == want.shape and got.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     if want.numel():
         assert float(want.abs().max()) > 0.1  # a real product, not zeros on both sides
+
+
+def test_every_x86_cpu_in_use_runs_a_vectorized_pass_over_the_weights(torch_ops_library: Path) -> None:
+    """The kernels list follows the CPU's flags: a one-row product never lands on torch._int_mm's scalar
+    loop where the CPU has AVX2 (every x86-64 CPU of the last decade)."""
+    import torch
+
+    from cosycompile.runtime.host import cpu_flags
+
+    kernels = torch.ops.cosycompile.int8_linear_kernels()
+    flags = cpu_flags()
+    assert ("vnni" in kernels) == ({"avx512f", "avx512bw", "avx512_vnni"} <= flags)
+    assert ("avx2" in kernels) == ("avx2" in flags)
+    assert {"int_mm", "fp32"} <= set(kernels)
+
+
+def test_a_kernel_this_cpu_lacks_or_that_does_not_exist_is_refused(torch_ops_library: Path) -> None:
+    import torch
+
+    x, w_q, w_scale = torch.zeros(1, 64), torch.zeros(8, 64, dtype=torch.int8), torch.ones(8)
+    with pytest.raises(RuntimeError, match="no kernel avx3"):
+        torch.ops.cosycompile.int8_linear_with(x, w_q, w_scale, None, "avx3")
+    missing = [k for k in KERNELS if k not in torch.ops.cosycompile.int8_linear_kernels()]
+    for kernel in missing:
+        with pytest.raises(RuntimeError, match=f"cannot run kernel {kernel}"):
+            torch.ops.cosycompile.int8_linear_with(x, w_q, w_scale, None, kernel)
 
 
 def test_int8_linear_rejects_mismatched_inputs_with_one_line(torch_ops_library: Path) -> None:

@@ -44,7 +44,7 @@ class Spec(BaseModel):
         "int_mm", description="the INT8 linears' kernel: 'int_mm' (torch._int_mm, the activation's quantization fused "
                               "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "
                               "with the quantize step and carried in the engine dir: up to 8 rows in one AVX512-VNNI "
-                              "pass over the weights, torch._int_mm beyond; for decode steps on CPU targets)")
+                              "or AVX2 pass over the weights, a blocked GEMM beyond; for decode steps on CPU targets)")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
                                              "whose linears stay FP32")

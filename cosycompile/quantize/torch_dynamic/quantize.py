@@ -20,7 +20,15 @@ from cosycompile.quantize.torch_dynamic.attention import node_arg, rewrite_atten
 SCALAR_INT8_MATMUL = ("this CPU has no AVX512-VNNI, and torch._int_mm is vectorized only with it (PyTorch runs a "
                       "scalar loop otherwise), so INT8 torch programs run their products several times slower than "
                       "FP32 here; on this CPU use ONNX Runtime's INT8 (recipes cpu-int8, cpu-fast) or the FP32 torch "
-                      "packages (cpu-torch)")
+                      "packages (cpu-torch), and for an LLM the quantizer's kernel: cosycompile")
+
+
+def products_crawl_here(kernel: str, flags: set[str] | None = None) -> bool:
+    """Whether an INT8 CPU program through ``kernel`` runs its products as a scalar loop on this CPU
+    (``flags``: :func:`cosycompile.runtime.host.cpu_flags`). The project's operator never does: its
+    kernels are AVX512-VNNI or AVX2 passes over the weights, and an FP32 GEMM of the same integers where
+    torch._int_mm is not vectorized."""
+    return kernel == "int_mm" and not int8_matmul_is_vectorized(flags)
 
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
@@ -210,7 +218,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     # A CPU engine is compiled for, validated and mostly served on the machine that builds it, so the
     # build says so before any compile when its INT8 products will crawl here.
     if s.format == "int8" and not on_gpu:
-        vectorized = int8_matmul_is_vectorized()
+        vectorized = not products_crawl_here(s.kernel)
         if not vectorized:
             ctx.reporter.warn(f"{ctx.name}: {SCALAR_INT8_MATMUL}")
         meta["build_host_int8_matmul"] = "vectorized" if vectorized else "scalar"

@@ -2,7 +2,9 @@
 
 One operator so far, ``cosycompile::int8_linear(x, w_q, w_scale, bias)``: a linear with INT8 weights
 per output channel and the input quantized per row at run time, the arithmetic of torch_dynamic's
-``int8_linear`` in one call (``int8_linear.cpp`` says why it exists).
+``int8_linear`` in one call (``int8_linear.cpp`` says why it exists). Beside it, for tests and
+benchmarks, ``int8_linear_kernels()`` names the kernels this CPU can run and ``int8_linear_with(...,
+kernel)`` runs one of them.
 
 A program that calls it needs the compiled library in every process that loads or runs it, so the
 library travels with the programs: the quantize step that writes such a program builds it into its
@@ -24,8 +26,8 @@ from pathlib import Path
 from cosycompile.errors import UserError
 
 SOURCE = Path(__file__).with_name("int8_linear.cpp")
-# Whatever the build machine, the library is generic x86-64 code; the VNNI kernel is compiled for its
-# own ISA (a target attribute) and runs only where the CPU reports it.
+# Whatever the build machine, the library is generic x86-64 code; the AVX512-VNNI and AVX2 kernels are
+# compiled for their own ISA (target attributes) and run only where the CPU reports it.
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fopenmp", "-w")
 COMPILE_TIMEOUT_S = 600
 

@@ -3,10 +3,15 @@
 //
 // Why a kernel of our own: a decode step multiplies one row by every weight of the LM, so its speed is
 // how fast the weights stream from memory. torch._int_mm (oneDNN) reads them at about half the
-// machine's read bandwidth for one row (docs/bench-log/2026-12-02-amx-xeon-int8-gemv.md); here, up to
-// GEMV_ROWS rows are multiplied in one pass over the weights with AVX512-VNNI dot products. More rows
-// (a prefill) go to torch._int_mm, whose blocked GEMM reuses each weight across rows. On a CPU
-// without AVX512-VNNI every call goes to torch._int_mm, so a program that calls this op runs anywhere.
+// machine's read bandwidth for one row (docs/bench-log/2026-12-02-amx-xeon-int8-gemv.md), and on a CPU
+// without AVX512-VNNI it is a scalar loop (docs/bench-log/2026-12-02-zen3-int8-products-and-build-memory.md).
+// So up to GEMV_ROWS rows are multiplied in one pass over the weights, with AVX512-VNNI dot products
+// where the CPU has them, else with AVX2 ones. More rows (a prefill, a flow) reuse each weight across
+// rows in a blocked GEMM: torch._int_mm where it is vectorized (AVX512-VNNI), else an FP32 GEMM of the
+// same integers (exact while a row's sum stays below 2^24, which it does but for adversarial inputs).
+//
+// cosycompile::int8_linear_with runs one named kernel (for tests, which check every kernel this CPU can
+// run against the composite); cosycompile::int8_linear_kernels names those kernels.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -15,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -27,6 +33,11 @@ namespace {
 // (16 accumulators in registers), the block re-read from L1 for the next four.
 constexpr int64_t GEMV_ROWS = 8;
 constexpr int64_t ROW_GROUP = 4;
+// AVX2 has 16 vector registers: two rows against four weight rows (8 accumulators) leave room for the
+// weights' magnitudes and the row's block.
+constexpr int64_t ROW_GROUP_AVX2 = 2;
+
+enum class Kernel { vnni, avx2, int_mm, fp32 };
 
 // Each row of x [M, K] as INT8 (round half to even, clamp to +-127, as torch.round does), its scale,
 // and 128 times the sum of its INT8 values (the offset the unsigned operand of VPDPBUSD adds).
@@ -100,26 +111,76 @@ void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_
     for (int i = 0; i < 4; ++i) acc[m][i] = _mm512_reduce_add_epi32(a[m][i]);
 }
 
-void gemv(const int8_t* w, int64_t N, int64_t K, const int8_t* q, const float* xs, const int32_t* offset, int64_t M,
-          const float* ws, const float* bias, float* y) {
-  // Blocks of 4 weight rows, 16 blocks at least per task so that a thread streams a long run of memory.
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+__attribute__((target("avx2"))) int32_t hsum_avx2(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// As dot_block, with AVX2's VPMADDUBSW (unsigned by signed bytes, pairs summed into 16 bits with
+// saturation) and VPMADDWD (pairs of those into 32 bits). The unsigned operand is |w| and the signed one
+// x with w's sign moved onto it; both lie in [-127, 127], so a pair sums to at most 2 * 127 * 127 = 32258
+// and never saturates. No offset to take back.
+template <int M>
+__attribute__((target("avx2")))
+void dot_block_avx2(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_t acc[ROW_GROUP][4]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[M][4];
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i) a[m][i] = _mm256_setzero_si256();
+  const int8_t* wr[4] = {w, w + std::min<int64_t>(1, rows - 1) * K, w + std::min<int64_t>(2, rows - 1) * K,
+                         w + std::min<int64_t>(3, rows - 1) * K};  // rows past N re-read row 0: results unused
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m256i v[4], u[4];
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[i] + k));
+      u[i] = _mm256_abs_epi8(v[i]);
+    }
+    for (int m = 0; m < M; ++m) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + m * K + k));
+      for (int i = 0; i < 4; ++i) {
+        const __m256i pairs = _mm256_maddubs_epi16(u[i], _mm256_sign_epi8(xv, v[i]));
+        a[m][i] = _mm256_add_epi32(a[m][i], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int i = 0; i < 4; ++i) {
+      int32_t sum = hsum_avx2(a[m][i]);
+      for (int64_t j = k; j < K; ++j) sum += static_cast<int32_t>(q[m * K + j]) * wr[i][j];  // the last K % 32
+      acc[m][i] = sum;
+    }
+}
+#endif
+
+using DotBlock = void (*)(const int8_t*, int64_t, int64_t, const int8_t*, int32_t[ROW_GROUP][4]);
+
+// y[m] = rescaled dot products of row m with every weight row, in one pass over the weights: blocks of
+// 4 weight rows, each block against the rows in groups of dots.size() (dots[g - 1] takes g rows).
+// offset[m] is what the dot products add besides q . w (the VNNI kernel's sign flip), or null.
+void gemv(const std::vector<DotBlock>& dots, const int8_t* w, int64_t N, int64_t K, const int8_t* q, const float* xs,
+          const int32_t* offset, int64_t M, const float* ws, const float* bias, float* y) {
+  const int64_t group_rows = static_cast<int64_t>(dots.size());
+  // 16 blocks at least per task, so that a thread streams a long run of memory.
   at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
     int32_t acc[ROW_GROUP][4];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * 4, rows = std::min<int64_t>(4, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += ROW_GROUP) {
-        const int64_t group = std::min<int64_t>(ROW_GROUP, M - m0);
-        const int8_t* qg = q + m0 * K;
-        switch (group) {
-          case 1: dot_block<1>(w + n0 * K, K, rows, qg, acc); break;
-          case 2: dot_block<2>(w + n0 * K, K, rows, qg, acc); break;
-          case 3: dot_block<3>(w + n0 * K, K, rows, qg, acc); break;
-          default: dot_block<4>(w + n0 * K, K, rows, qg, acc); break;
-        }
+      for (int64_t m0 = 0; m0 < M; m0 += group_rows) {
+        const int64_t group = std::min<int64_t>(group_rows, M - m0);
+        dots[group - 1](w + n0 * K, K, rows, q + m0 * K, acc);
         for (int64_t g = 0; g < group; ++g) {
           const int64_t m = m0 + g;
           for (int64_t i = 0; i < rows; ++i) {
-            const float v = static_cast<float>(acc[g][i] - offset[m]) * xs[m] * ws[n0 + i];
+            const int32_t dot = offset ? acc[g][i] - offset[m] : acc[g][i];
+            const float v = static_cast<float>(dot) * xs[m] * ws[n0 + i];
             y[m * N + n0 + i] = bias ? v + bias[n0 + i] : v;
           }
         }
@@ -127,10 +188,29 @@ void gemv(const int8_t* w, int64_t N, int64_t K, const int8_t* q, const float* x
     }
   });
 }
-#endif
 
-at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale,
-                           const std::optional<at::Tensor>& bias) {
+bool can_run(Kernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == Kernel::vnni) return has_avx512_vnni();
+  if (kernel == Kernel::avx2) return has_avx2();
+#else
+  if (kernel == Kernel::vnni || kernel == Kernel::avx2) return false;
+#endif
+  return true;
+}
+
+// The kernel for M rows: a pass over the weights for a few rows, a blocked GEMM for more; torch._int_mm
+// only where it is vectorized.
+Kernel choose(int64_t M) {
+  if (M >= 1 && M <= GEMV_ROWS && can_run(Kernel::vnni)) return Kernel::vnni;
+  if (M >= 1 && M <= GEMV_ROWS && can_run(Kernel::avx2)) return Kernel::avx2;
+  return can_run(Kernel::vnni) ? Kernel::int_mm : Kernel::fp32;
+}
+
+const char* const KERNEL_NAMES[] = {"vnni", "avx2", "int_mm", "fp32"};
+
+at::Tensor run_int8_linear(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale,
+                           const std::optional<at::Tensor>& bias, std::optional<Kernel> forced) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_linear: x must be float32");
   TORCH_CHECK(w_q.scalar_type() == at::kChar && w_q.dim() == 2, "int8_linear: w_q must be a 2-D int8 tensor");
   TORCH_CHECK(w_scale.scalar_type() == at::kFloat, "int8_linear: w_scale must be float32");
@@ -148,25 +228,60 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& w_q, const at:
   at::Tensor xs = at::empty({M, 1}, x.options());
   std::vector<int32_t> offset(M);
   quantize_rows(x2.data_ptr<float>(), M, K, q.data_ptr<int8_t>(), xs.data_ptr<float>(), offset.data());
+  const Kernel kernel = forced.value_or(choose(M));
+  const float* bias_ptr = b.defined() ? b.data_ptr<float>() : nullptr;
 #if defined(__x86_64__)
-  if (M >= 1 && M <= GEMV_ROWS && has_avx512_vnni()) {
+  if (kernel == Kernel::vnni || kernel == Kernel::avx2) {
     at::Tensor y = at::empty({M, N}, x.options());
-    gemv(w.data_ptr<int8_t>(), N, K, q.data_ptr<int8_t>(), xs.data_ptr<float>(), offset.data(), M,
-         ws.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>());
+    if (M == 0) return y.view(out_shape);
+    const std::vector<DotBlock> dots = kernel == Kernel::vnni
+        ? std::vector<DotBlock>{dot_block<1>, dot_block<2>, dot_block<3>, dot_block<4>}
+        : std::vector<DotBlock>{dot_block_avx2<1>, dot_block_avx2<2>};
+    gemv(dots, w.data_ptr<int8_t>(), N, K, q.data_ptr<int8_t>(), xs.data_ptr<float>(),
+         kernel == Kernel::vnni ? offset.data() : nullptr, M, ws.data_ptr<float>(), bias_ptr, y.data_ptr<float>());
     return y.view(out_shape);
   }
 #endif
-  at::Tensor y = at::_int_mm(q, w.t()).to(at::kFloat).mul_(xs).mul_(ws);
+  at::Tensor y = kernel == Kernel::int_mm ? at::_int_mm(q, w.t()).to(at::kFloat)
+                                           : at::mm(q.to(at::kFloat), w.to(at::kFloat).t());
+  y.mul_(xs).mul_(ws);
   if (b.defined()) y.add_(b);
   return y.view(out_shape);
+}
+
+at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale,
+                           const std::optional<at::Tensor>& bias) {
+  return run_int8_linear(x, w_q, w_scale, bias, std::nullopt);
+}
+
+at::Tensor int8_linear_with_cpu(const at::Tensor& x, const at::Tensor& w_q, const at::Tensor& w_scale,
+                                const std::optional<at::Tensor>& bias, c10::string_view name) {
+  for (int i = 0; i < 4; ++i) {
+    const Kernel kernel = static_cast<Kernel>(i);
+    if (name == KERNEL_NAMES[i]) {
+      TORCH_CHECK(can_run(kernel), "int8_linear_with: this CPU cannot run kernel ", std::string(name));
+      return run_int8_linear(x, w_q, w_scale, bias, kernel);
+    }
+  }
+  TORCH_CHECK(false, "int8_linear_with: no kernel ", std::string(name), " (vnni, avx2, int_mm, fp32)");
+}
+
+std::vector<std::string> int8_linear_kernels() {
+  std::vector<std::string> names;
+  for (int i = 0; i < 4; ++i)
+    if (can_run(static_cast<Kernel>(i))) names.emplace_back(KERNEL_NAMES[i]);
+  return names;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(cosycompile, m) {
   m.def("int8_linear(Tensor x, Tensor w_q, Tensor w_scale, Tensor? bias) -> Tensor");
+  m.def("int8_linear_with(Tensor x, Tensor w_q, Tensor w_scale, Tensor? bias, str kernel) -> Tensor");
+  m.def("int8_linear_kernels() -> str[]", &int8_linear_kernels);
 }
 
 TORCH_LIBRARY_IMPL(cosycompile, CPU, m) {
   m.impl("int8_linear", &int8_linear_cpu);
+  m.impl("int8_linear_with", &int8_linear_with_cpu);
 }
