@@ -57,8 +57,10 @@ def test_the_recipes_of_one_model_share_one_reference(plans: dict[str, dict[str,
 
 
 def test_the_same_llm_quantization_is_one_step(plans: dict[str, dict[str, str]]) -> None:
-    int8 = {plans[r]["llm.quantize"] for r in ("cpu-int8", "cpu-fast", "cpu-int8-dynamic", "cpu-amx")}
+    int8 = {plans[r]["llm.quantize"] for r in ("cpu-int8", "cpu-fast", "cpu-int8-dynamic")}
     assert len(int8) == 1, int8
+    operator = {plans[r]["llm.quantize"] for r in ("cpu-fast-torch-llm", "cpu-amx", "cpu-torch-int8")}
+    assert len(operator) == 1 and not operator & int8, operator
 
 
 def test_permission_to_calibrate_on_the_eval_set_is_not_in_the_key(plans: dict[str, dict[str, str]],
