@@ -30,6 +30,7 @@ def products_crawl_here(kernel: str, flags: set[str] | None = None) -> bool:
     torch._int_mm is not vectorized."""
     return kernel == "int_mm" and not int8_matmul_is_vectorized(flags)
 
+
 # CUDA's INT8 GEMM needs more than 16 rows; GPU programs pad every call by this many zero rows.
 CUDA_INT8_PAD_ROWS = 16
 # Inner and outer sizes must be multiples of these for the CUDA kernels (cuBLASLt IMMA / FP8).

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -162,12 +163,19 @@ void dot_block_avx2(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, i
 
 using DotBlock = void (*)(const int8_t*, int64_t, int64_t, const int8_t*, int32_t[ROW_GROUP][4]);
 
+#if defined(__x86_64__)
+// Each kernel's dot blocks by row count (entry g - 1 takes g rows), fixed for the process: a decode step
+// calls the operator for every linear, so nothing here is built per call.
+constexpr DotBlock VNNI_DOTS[] = {dot_block<1>, dot_block<2>, dot_block<3>, dot_block<4>};
+constexpr DotBlock AVX2_DOTS[] = {dot_block_avx2<1>, dot_block_avx2<2>};
+static_assert(std::size(VNNI_DOTS) == ROW_GROUP && std::size(AVX2_DOTS) == ROW_GROUP_AVX2);
+#endif
+
 // y[m] = rescaled dot products of row m with every weight row, in one pass over the weights: blocks of
-// 4 weight rows, each block against the rows in groups of dots.size() (dots[g - 1] takes g rows).
+// 4 weight rows, each block against the rows in groups of group_rows (dots[g - 1] takes g rows).
 // offset[m] is what the dot products add besides q . w (the VNNI kernel's sign flip), or null.
-void gemv(const std::vector<DotBlock>& dots, const int8_t* w, int64_t N, int64_t K, const int8_t* q, const float* xs,
-          const int32_t* offset, int64_t M, const float* ws, const float* bias, float* y) {
-  const int64_t group_rows = static_cast<int64_t>(dots.size());
+void gemv(const DotBlock* dots, int64_t group_rows, const int8_t* w, int64_t N, int64_t K, const int8_t* q,
+          const float* xs, const int32_t* offset, int64_t M, const float* ws, const float* bias, float* y) {
   // 16 blocks at least per task, so that a thread streams a long run of memory.
   at::parallel_for(0, (N + 3) / 4, 16, [&](int64_t b0, int64_t b1) {
     int32_t acc[ROW_GROUP][4];
@@ -234,11 +242,10 @@ at::Tensor run_int8_linear(const at::Tensor& x, const at::Tensor& w_q, const at:
   if (kernel == Kernel::vnni || kernel == Kernel::avx2) {
     at::Tensor y = at::empty({M, N}, x.options());
     if (M == 0) return y.view(out_shape);
-    const std::vector<DotBlock> dots = kernel == Kernel::vnni
-        ? std::vector<DotBlock>{dot_block<1>, dot_block<2>, dot_block<3>, dot_block<4>}
-        : std::vector<DotBlock>{dot_block_avx2<1>, dot_block_avx2<2>};
-    gemv(dots, w.data_ptr<int8_t>(), N, K, q.data_ptr<int8_t>(), xs.data_ptr<float>(),
-         kernel == Kernel::vnni ? offset.data() : nullptr, M, ws.data_ptr<float>(), bias_ptr, y.data_ptr<float>());
+    const bool vnni = kernel == Kernel::vnni;
+    gemv(vnni ? VNNI_DOTS : AVX2_DOTS, vnni ? ROW_GROUP : ROW_GROUP_AVX2, w.data_ptr<int8_t>(), N, K,
+         q.data_ptr<int8_t>(), xs.data_ptr<float>(), vnni ? offset.data() : nullptr, M, ws.data_ptr<float>(), bias_ptr,
+         y.data_ptr<float>());
     return y.view(out_shape);
   }
 #endif
