@@ -51,7 +51,8 @@ def _first(out: Any) -> Any:
 def _call_counts(program: Any) -> dict[str, int]:
     calls = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     return {op: calls.count(op) for op in ("aten._int_mm.default", "aten._scaled_mm.default", "aten.linear.default",
-                                            "aten.constant_pad_nd.default", "aten.pad.default")}
+                                            "aten.constant_pad_nd.default", "aten.pad.default",
+                                            "cosycompile.int8_attention.default")}
 
 
 @pytest.mark.parametrize(("graph", "fmt", "max_rel_error"), [
@@ -339,30 +340,43 @@ def test_int8_attention_is_close_to_sdpa_and_applies_its_mask(mask_kind: str) ->
         assert unmasked > 10 * rel, (unmasked, rel)
 
 
-def test_attention_int8_rewrites_every_attention_of_the_estimator(programs: dict) -> None:
-    """Every attention node of the tiny estimator becomes two _int_mm per batch row and head; the
-    program re-exports and stays close to FP32."""
+def test_attention_int8_rewrites_every_attention_of_the_estimator(programs: dict, torch_ops_library: Path) -> None:
+    """Every attention node of the tiny estimator becomes one ``cosycompile::int8_attention`` call; the
+    program re-exports, computes what the composite computes and stays close to FP32."""
     import torch
 
-    from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
+    from cosycompile.quantize.torch_dynamic.attention import int8_attention, rewrite_attention
     from cosycompile.quantize.torch_dynamic.quantize import Program
     from cosycompile.stages.common import export_program
 
     entry = programs["flow_estimator"]
     sdpa = [n for n in entry["program"].graph.nodes if n.target is torch.ops.aten.scaled_dot_product_attention.default]
     assert sdpa
-    batch, heads = (sdpa[0].args[0].meta["val"].shape[i] for i in (0, 1))
     gm = entry["program"].module()
     done = rewrite_attention(gm)
     assert done == {"int8_attention": len(sdpa), "kept_fp32": {}}
     program, _ = export_program(Program(gm), entry["spec"], entry["info"])
     counts = _call_counts(program)
-    assert counts["aten._int_mm.default"] == 2 * batch * heads * len(sdpa)
+    assert counts["cosycompile.int8_attention.default"] == len(sdpa) and counts["aten._int_mm.default"] == 0
     assert not [n for n in program.graph.nodes if "scaled_dot_product" in str(n.target)]
+    composite = entry["program"].module()
+    for node in composite.graph.nodes:  # the same rewrite onto the ATen composite, for reference
+        if node.target is torch.ops.aten.scaled_dot_product_attention.default:
+            node.target = _sdpa_as(int8_attention)
+    composite.recompile()
     with torch.no_grad():
         want = _first(entry["program"].module()(*entry["inputs"]))
         got = _first(program.module()(*entry["inputs"]))
+        same_arithmetic = _first(composite(*entry["inputs"]))
     assert 0 < float((want - got).norm() / want.norm()) < 0.01
+    torch.testing.assert_close(got, same_arithmetic, rtol=1e-4, atol=1e-5)
+
+
+def _sdpa_as(fn):
+    """``scaled_dot_product_attention``'s calling convention onto ``fn(q, k, v, mask, scale)``."""
+    def call(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return fn(q, k, v, attn_mask, q.shape[-1] ** -0.5 if scale is None else scale)
+    return call
 
 
 def test_attention_int8_keeps_causal_attention() -> None:

@@ -5,7 +5,8 @@ itself: the weight is stored quantized (INT8 per output channel, or FP8 E4M3 per
 input is quantized as it flows (INT8 per row, FP8 per tensor; after a GELU, the INT8 row scale is bounded
 from the GELU's input so that the GELU is computed once) before ``torch._int_mm`` or
 ``torch._scaled_mm``; the result is rescaled to FP32. With ``attention: int8`` (CPU targets) the
-attention products go to INT8 too (``attention.py``). With ``kernel: cosycompile`` each INT8 linear is
+attention products go to INT8 too, each attention one call of the project's ``cosycompile::int8_attention``
+(``attention.py``). With ``kernel: cosycompile`` each INT8 linear is
 one call of the project's ``cosycompile::int8_linear`` operator (``runtime/torch_ops``), the same
 arithmetic, which reads the weights once for a decode step's row. Convolutions and normalisations stay FP32.
 No calibration data: the ranges come from each call's own activations.
@@ -39,7 +40,8 @@ class Spec(BaseModel):
                                                         "graphs, or all of them when it marks none, as the LLM)")
     attention: Literal["fp32", "int8"] = Field(
         "fp32", description="precision of the attention products (Q.K and P.V) of the quantized graphs; "
-                            "int8 is for CPU targets and needs a fixed batch and head count")
+                            "int8 is for CPU targets (the project's operator, compiled with the quantize step and "
+                            "carried in the engine dir) and needs a fixed batch and head count")
     kernel: Literal["int_mm", "cosycompile"] = Field(
         "int_mm", description="the INT8 linears' kernel: 'int_mm' (torch._int_mm, the activation's quantization fused "
                               "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "

@@ -1,23 +1,21 @@
-"""INT8 attention products for CPU programs: ``scaled_dot_product_attention`` as two ``torch._int_mm``
-per head, with the softmax between them in FP32.
+"""INT8 attention products for CPU programs: ``scaled_dot_product_attention`` with Q.K and P.V in INT8
+and the softmax between them in FP32.
 
 Q is quantized per row (one scale per token and head), K per head, V per column (one scale per
 channel and head), all symmetric over [-127, 127]; one scale per head for K leaves a single factor per
-score row, which keeps the score kernel short. The softmax runs on the dequantized scores in FP32. Its
-probabilities are quantized against their row's maximum, which is exp(0) = 1 before normalising, so
-they take all 255 levels of a signed byte as ``round(254 e) - 127``; the offset comes back exactly as
-127 times V's column sums, and the normalising sum folds into the output scale. The exponential is
-a base-2 one built from a polynomial and the float exponent bits (:func:`exp2_nonpositive`): the
-probabilities keep 8 bits, so ATen's full-precision ``exp`` cost time and bought nothing.
+score row. The softmax runs on the dequantized scores in FP32, in base 2; the exponential is a
+polynomial with the float exponent bits (:func:`exp2_nonpositive`), since the probabilities keep 8
+bits and ATen's full-precision ``exp`` would buy nothing. The probabilities are quantized against
+their row's maximum, which is exp(0) = 1 before normalising, onto 254 steps, and the normalising sum
+folds into the output scale.
 
-Inductor fuses the softmax of all heads of a batch entry into one kernel, and what it inlines there
-runs once per 16 scores. Two choices keep that short: the per-row score factor is the output of a reduction over
-Q, so the kernel loads it instead of recomputing its clamped scale chain (with its NaN checks) per
-vector; and the exponential is a degree-3 polynomial whose range guard is one select.
-
-The loop over batch and heads is unrolled when the program is traced, so only graphs whose batch and
-head counts are fixed qualify; every other attention node stays as it was. CPU only: CUDA's INT8
-GEMM wants more than 16 rows and inner sizes that are multiples of 8, which a frame count is not.
+:func:`rewrite_attention` puts one call of the project's ``cosycompile::int8_attention`` operator
+(``runtime/torch_ops/int8_attention.cpp``) in place of each qualifying attention node: it quantizes,
+multiplies and normalises a block of query rows while their scores sit in cache. :func:`int8_attention`
+is the same arithmetic in ATen ops, two ``torch._int_mm`` per head; the operator is tested against it.
+Only graphs whose batch and head counts are fixed qualify (as the composite unrolls its loop over
+them); every other attention node stays as it was. CPU only: CUDA's INT8 GEMM wants more than 16 rows
+and inner sizes that are multiples of 8, which a frame count is not.
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from typing import Any
 import torch
 
 _LEVELS = 127  # symmetric INT8
-_P_STEPS = 254  # softmax probabilities in [0, 1] onto [-127, 127]
+_P_STEPS = 254  # softmax probabilities in [0, 1] onto 254 steps
 _LOG2E = 1.4426950408889634
 # 2^f on [0, 1] as 1 + f (c1 + f (c2 + f c3)): a fit in relative error (1.03e-4 at most, 0.026 of a
 # probability step) with p(0) = 1 and p(1) = 2 exactly, so a row's maximum maps to exactly 1 and
@@ -52,7 +50,9 @@ def exp2_nonpositive(y: torch.Tensor) -> torch.Tensor:
 
 def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                    scale: float) -> torch.Tensor:
-    """``scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` with INT8 products.
+    """``scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)`` with INT8 products, in ATen
+    ops: what ``cosycompile::int8_attention`` computes. The probabilities go to ``_int_mm`` as signed
+    bytes ``round(254 e) - 127``, whose offset comes back exactly as 127 times V's column sums.
 
     q, k, v [B, H, T, D] with B and H fixed; mask additive (float) or boolean (True = attend),
     broadcastable to [B, H, T, S].
@@ -87,8 +87,9 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 
 def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """Replace, in place, every ``aten.scaled_dot_product_attention`` of ``gm`` that qualifies with
-    :func:`int8_attention`. Returns how many were replaced and why the others were kept."""
+    """Replace, in place, every ``aten.scaled_dot_product_attention`` of ``gm`` that qualifies with one
+    call of ``cosycompile::int8_attention`` (whose library must be loaded). Returns how many were
+    replaced and why the others were kept."""
     graph = gm.graph
     done, kept = 0, {}
     for node in list(graph.nodes):
@@ -104,7 +105,7 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
         if scale is None:
             scale = q.meta["val"].shape[-1] ** -0.5
         with graph.inserting_before(node):
-            new = graph.call_function(int8_attention, (q, k, v, mask, float(scale)))
+            new = graph.call_function(torch.ops.cosycompile.int8_attention.default, (q, k, v, mask, float(scale)))
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         done += 1

@@ -191,9 +191,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     on_gpu = ctx.params.get("target_kind") == "gpu"
     pad_rows = CUDA_INT8_PAD_ROWS if s.format == "int8" and on_gpu else 0
 
-    if s.kernel == "cosycompile":
-        # Beside the programs that call it: load_program registers it from there, and the torch
-        # backend links it into the engine dir.
+    if s.kernel == "cosycompile" or s.attention == "int8":
+        # The operators, beside the programs that call them: load_program registers them from there,
+        # and the torch backend links them into the engine dir.
         load_library(build_library(ctx.out))
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:

@@ -1,10 +1,14 @@
 """The project's own PyTorch operators (``torch.ops.cosycompile.*``), compiled from C++ on the build machine.
 
-One operator so far, ``cosycompile::int8_linear(x, w_q, w_scale, bias)``: a linear with INT8 weights
-per output channel and the input quantized per row at run time, the arithmetic of torch_dynamic's
-``int8_linear`` in one call (``int8_linear.cpp`` says why it exists). Beside it, for tests and
-benchmarks, ``int8_linear_kernels()`` names the kernels this CPU can run and ``int8_linear_with(...,
-kernel)`` runs one of them.
+Each ``*.cpp`` here holds one operator, all compiled into one library:
+
+- ``cosycompile::int8_linear(x, w_q, w_scale, bias)``: a linear with INT8 weights per output channel and
+  the input quantized per row at run time, the arithmetic of torch_dynamic's ``int8_linear`` in one call;
+- ``cosycompile::int8_attention(q, k, v, attn_mask, scale)``: ``scaled_dot_product_attention`` with INT8
+  products, the arithmetic of torch_dynamic's composite ``int8_attention`` in one call.
+
+Each source says why it exists. Beside each, for tests and benchmarks, ``<op>_kernels()`` names the
+kernels this CPU can run and ``<op>_with(..., kernel)`` runs one of them.
 
 A program that calls it needs the compiled library in every process that loads or runs it, so the
 library travels with the programs: the quantize step that writes such a program builds it into its
@@ -25,11 +29,12 @@ from pathlib import Path
 
 from cosycompile.errors import UserError
 
-SOURCE = Path(__file__).with_name("int8_linear.cpp")
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 # Whatever the build machine, the library is generic x86-64 code; the AVX512-VNNI and AVX2 kernels are
 # compiled for their own ISA (target attributes) and run only where the CPU reports it.
 FLAGS = ("-O3", "-shared", "-fPIC", "-std=c++20", "-fopenmp", "-w")
 COMPILE_TIMEOUT_S = 600
+NAMES = ", ".join(source.name for source in SOURCES)
 
 _lock = threading.Lock()
 _loaded: dict[str, Path] = {}  # library file name -> where it was loaded from
@@ -39,7 +44,9 @@ def library_name() -> str:
     """The library's file name for this source, torch version and set of flags."""
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.name.encode() + b"\0" + source.read_bytes())
     h.update(f"{torch.__version__}|{platform.machine()}|{' '.join(FLAGS)}".encode())
     return f"libcosycompile_ops-{h.hexdigest()[:16]}.so"
 
@@ -58,7 +65,7 @@ def build_library(dest_dir: Path) -> Path:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
     compiler = os.environ.get("CXX", "g++")
     cmd = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), str(SOURCE), "-o", str(tmp),
+           *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES), "-o", str(tmp),
            *(f"-L{p}" for p in cpp_extension.library_paths()), "-ltorch", "-ltorch_cpu", "-lc10"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
@@ -67,11 +74,11 @@ def build_library(dest_dir: Path) -> Path:
                         "compiled at build time (set CXX, or install g++)") from None
     except subprocess.TimeoutExpired:
         tmp.unlink(missing_ok=True)
-        raise UserError(f"compiling {SOURCE.name} took more than {COMPILE_TIMEOUT_S} s; stopped") from None
+        raise UserError(f"compiling {NAMES} took more than {COMPILE_TIMEOUT_S} s; stopped") from None
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
         last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"compiling {SOURCE.name} with {compiler} failed: {last}")
+        raise UserError(f"compiling {NAMES} with {compiler} failed: {last}")
     os.replace(tmp, dest)
     return dest
 
@@ -106,3 +113,8 @@ def _register_fake() -> None:
     def _int8_linear_shape(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
                            bias: torch.Tensor | None) -> torch.Tensor:
         return x.new_empty((*x.shape[:-1], w_q.shape[0]))
+
+    @torch.library.register_fake("cosycompile::int8_attention")
+    def _int8_attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None,
+                              scale: float) -> torch.Tensor:
+        return q.new_empty(q.shape)

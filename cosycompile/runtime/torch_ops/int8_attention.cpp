@@ -1,0 +1,496 @@
+// cosycompile::int8_attention: scaled_dot_product_attention(q, k, v, attn_mask, scale) with INT8 products,
+// the arithmetic of torch_dynamic's composite int8_attention (quantize/torch_dynamic/attention.py) in
+// one call.
+//
+// Why a kernel of our own: the composite runs each head as two torch._int_mm calls with the softmax
+// between them in a separate kernel, so every score makes a round trip through memory as an INT32, a
+// float and a byte, and a flow estimator call makes thousands of small oneDNN calls. Here a block of
+// query rows goes through its scores, softmax and P.V while they sit in L1: K and V are quantized and
+// packed once per head into the layout VPDPBUSD reads (four bytes of 16 keys, or of 16 channels, per
+// vector), and the probabilities go to P.V as unsigned bytes round(254 e) directly, so the composite's
+// -127 offset has nothing to take back.
+//
+// Where the CPU has no AVX512-VNNI, a portable kernel runs the same arithmetic in plain loops (the
+// compiler vectorizes them for AVX2 where the CPU has it). cosycompile::int8_attention_with runs one
+// named kernel (tests check each kernel this CPU can run against the composite);
+// cosycompile::int8_attention_kernels names those kernels.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// The composite's constants (attention.py): symmetric INT8, probabilities on 254 steps, base-2 scores,
+// the exponential's polynomial and its floor.
+constexpr float LEVELS = 127.f;
+constexpr float P_STEPS = 254.f;
+constexpr double LOG2E = 1.4426950408889634;
+constexpr float EXP2_C1 = 0.6954244246846342f, EXP2_C2 = 0.22630764466457975f, EXP2_C3 = 0.07826793065078608f;
+constexpr float EXP2_FLOOR = -30.f;
+// Query rows that share each load of K (their accumulators in registers, enough chains in flight to
+// hide VPDPBUSD's latency), and that share each load of V (four vectors of channels for each).
+constexpr int ROWS = 8;
+constexpr int PV_ROWS = 4;
+
+enum class Kernel { vnni, portable };
+const char* const KERNEL_NAMES[] = {"vnni", "portable"};
+
+float scale_of(float amax) { return std::max(amax, 1e-8f) * (1.f / LEVELS); }
+
+int8_t quantize(float x, float s) {
+  return static_cast<int8_t>(std::min(LEVELS, std::max(-LEVELS, std::nearbyint(x / s))));
+}
+
+// 2^y for y <= 0 as the composite's exp2_nonpositive computes it; 0 below 2^-30 and for NaN.
+float exp2_nonpositive(float y) {
+  if (!(y >= EXP2_FLOOR)) return 0.f;
+  const float n = std::floor(y), f = y - n;
+  const float frac = 1.f + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3));
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float p;
+  std::memcpy(&p, &bits, sizeof p);
+  return frac * p;
+}
+
+// One (batch, head) of the problem: row-major [T, D] / [S, D] float inputs, the mask's rows (stride
+// between rows; null when there is no mask) already in base 2, the output [T, D].
+struct Head {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* mask;
+  int64_t mask_row_stride;
+  float* out;
+  int64_t T, S, D;
+  float score_scale;  // scale * log2(e) / 127, as the composite rounds it
+};
+
+// What both kernels need of K and V: their INT8 values and scales (K one per head, V one per channel).
+struct Quantized {
+  float k_scale;
+  std::vector<int8_t> k, v;  // [S, D]
+  std::vector<float> v_scale;
+};
+
+Quantized quantize_kv(const Head& h) {
+  Quantized r;
+  float amax = 0.f;
+  for (int64_t i = 0; i < h.S * h.D; ++i) amax = std::max(amax, std::fabs(h.k[i]));
+  r.k_scale = scale_of(amax);
+  r.k.resize(h.S * h.D);
+  for (int64_t i = 0; i < h.S * h.D; ++i) r.k[i] = quantize(h.k[i], r.k_scale);
+  std::vector<float> vmax(h.D, 0.f);
+  for (int64_t s = 0; s < h.S; ++s)
+    for (int64_t d = 0; d < h.D; ++d) vmax[d] = std::max(vmax[d], std::fabs(h.v[s * h.D + d]));
+  r.v_scale.resize(h.D);
+  for (int64_t d = 0; d < h.D; ++d) r.v_scale[d] = scale_of(vmax[d]);
+  r.v.resize(h.S * h.D);
+  for (int64_t s = 0; s < h.S; ++s)
+    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.D + d], r.v_scale[d]);
+  return r;
+}
+
+// Query row t as INT8 and its score factor (its scale times K's times the softmax's constants, taken
+// as the composite takes it: max |q| times the product of the others).
+float quantize_query(const Head& h, const Quantized& kv, int64_t t, int8_t* q) {
+  const float* row = h.q + t * h.D;
+  float amax = 0.f;
+  for (int64_t d = 0; d < h.D; ++d) amax = std::max(amax, std::fabs(row[d]));
+  const float s = scale_of(amax);
+  for (int64_t d = 0; d < h.D; ++d) q[d] = quantize(row[d], s);
+  return amax * (kv.k_scale * h.score_scale);
+}
+
+// Softmax of one row of base-2 scores into bytes round(254 e) (e = 2^(score - max) in [0, 1]); returns
+// the sum of e, which the output divides by.
+float probabilities(const float* scores, int64_t S, uint8_t* p) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int64_t s = 0; s < S; ++s) m = std::max(m, scores[s]);
+  float sum = 0.f;
+  for (int64_t s = 0; s < S; ++s) {
+    const float e = exp2_nonpositive(scores[s] - m);
+    sum += e;
+    p[s] = static_cast<uint8_t>(std::nearbyint(e * P_STEPS));
+  }
+  return sum;
+}
+
+void portable_head(const Head& h) {
+  const Quantized kv = quantize_kv(h);
+  const int64_t S = h.S, D = h.D;
+  std::vector<int8_t> q(D);
+  std::vector<float> scores(S);
+  std::vector<uint8_t> p(S);
+  std::vector<int32_t> acc(D);
+  for (int64_t t = 0; t < h.T; ++t) {
+    const float factor = quantize_query(h, kv, t, q.data());
+    const float* mask = h.mask ? h.mask + t * h.mask_row_stride : nullptr;
+    for (int64_t s = 0; s < S; ++s) {
+      int32_t dot = 0;
+      for (int64_t d = 0; d < D; ++d) dot += static_cast<int32_t>(q[d]) * kv.k[s * D + d];
+      scores[s] = static_cast<float>(dot) * factor;
+      if (mask) scores[s] += mask[s];
+    }
+    const float sum = probabilities(scores.data(), S, p.data());
+    std::fill(acc.begin(), acc.end(), 0);
+    for (int64_t s = 0; s < S; ++s) {
+      const int32_t ps = p[s];
+      for (int64_t d = 0; d < D; ++d) acc[d] += ps * kv.v[s * D + d];
+    }
+    const float norm = P_STEPS * sum;
+    for (int64_t d = 0; d < D; ++d) h.out[t * D + d] = static_cast<float>(acc[d]) * (kv.v_scale[d] / norm);
+  }
+}
+
+#if defined(__x86_64__)
+bool has_avx512_vnni() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return yes;
+}
+
+// x[0 .. n) / s rounded half to even (the default rounding mode, as torch.round) and clamped to
+// [-127, 127], as quantize() does one value.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_quantize(const float* x, int64_t n, float s, int8_t* out) {
+  const __m512 vs = _mm512_set1_ps(s);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, x + i), vs));
+    _mm512_mask_cvtepi32_storeu_epi8(out + i, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, r)));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+float vnni_amax(const float* x, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, x + i)));
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// quantize_kv with vector loops: K one scale per head, V one per channel.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+Quantized vnni_quantize_kv(const Head& h) {
+  Quantized r;
+  const int64_t S = h.S, D = h.D;
+  r.k_scale = scale_of(vnni_amax(h.k, S * D));
+  r.k.resize(S * D);
+  vnni_quantize(h.k, S * D, r.k_scale, r.k.data());
+  r.v_scale.resize(D);
+  r.v.resize(S * D);
+  for (int64_t d0 = 0; d0 < D; d0 += 16) {
+    const __mmask16 live = D - d0 >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (D - d0)) - 1);
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t s = 0; s < S; ++s) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, h.v + s * D + d0)));
+    for (int64_t d = d0; d < std::min<int64_t>(D, d0 + 16); ++d) r.v_scale[d] = scale_of(m[d - d0]);
+    const __m512 vs = _mm512_maskz_loadu_ps(live, r.v_scale.data() + d0);
+    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+    for (int64_t s = 0; s < S; ++s) {
+      // Masked-off lanes divide 0 by 0: their NaN converts to something never stored.
+      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, h.v + s * D + d0), vs));
+      _mm512_mask_cvtepi32_storeu_epi8(r.v.data() + s * D + d0, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, q)));
+    }
+  }
+  return r;
+}
+
+// K and V in the layouts the VNNI kernel reads, both zero-padded: K as [S/16][D/4][16 keys][4 bytes]
+// with 128 times each key's sum (the offset the query's unsigned bytes q + 128 add), V as
+// [S/4][D'][4 keys] with D' the channels rounded up to 16.
+struct Packed {
+  int64_t S16, D4, S4, DP;
+  std::vector<int8_t> k, v;
+  std::vector<int32_t> k_offset;
+};
+
+Packed pack(const Head& h, const Quantized& kv) {
+  Packed p;
+  p.S16 = (h.S + 15) / 16;
+  p.D4 = (h.D + 3) / 4;
+  p.S4 = (h.S + 3) / 4;
+  p.DP = (h.D + 15) / 16 * 16;
+  p.k.assign(p.S16 * p.D4 * 64, 0);
+  p.k_offset.assign(p.S16 * 16, 0);
+  for (int64_t s = 0; s < h.S; ++s) {
+    int32_t sum = 0;
+    int8_t* dst = p.k.data() + (s / 16 * p.D4 * 16 + s % 16) * 4;
+    const int8_t* src = kv.k.data() + s * h.D;
+    for (int64_t d = 0; d < h.D; ++d) {
+      dst[(d / 4) * 64 + d % 4] = src[d];
+      sum += src[d];
+    }
+    p.k_offset[s] = 128 * sum;
+  }
+  p.v.assign(p.S4 * p.DP * 4, 0);
+  for (int64_t s = 0; s < h.S; ++s) {
+    int8_t* dst = p.v.data() + s / 4 * p.DP * 4 + s % 4;
+    const int8_t* src = kv.v.data() + s * h.D;
+    for (int64_t d = 0; d < h.D; ++d) dst[d * 4] = src[d];
+  }
+  return p;
+}
+
+// Scores of R query rows (unsigned bytes q + 128, D4 dwords each) against every key, rescaled, masked
+// and in base 2, into scores[r][0 .. 16 S16); past S they are -inf.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* factor, const float* const* mask,
+                 float* scores, int64_t stride) {
+  for (int64_t j = 0; j < p.S16; ++j) {
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    const int8_t* kb = p.k.data() + j * p.D4 * 64;
+    for (int64_t dd = 0; dd < p.D4; ++dd) {
+      const __m512i kv = _mm512_loadu_si512(kb + dd * 64);
+      for (int r = 0; r < R; ++r) {
+        int32_t four;
+        std::memcpy(&four, q + r * p.D4 * 4 + dd * 4, 4);
+        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), kv);
+      }
+    }
+    const __m512i offset = _mm512_loadu_si512(p.k_offset.data() + j * 16);
+    const int64_t valid = std::min<int64_t>(16, S - j * 16);
+    const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1);
+    for (int r = 0; r < R; ++r) {
+      __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], offset)), _mm512_set1_ps(factor[r]));
+      if (mask[r]) sc = _mm512_add_ps(sc, _mm512_maskz_loadu_ps(live, mask[r] + j * 16));
+      sc = _mm512_mask_blend_ps(live, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sc);
+      _mm512_storeu_ps(scores + r * stride + j * 16, sc);
+    }
+  }
+}
+
+// The softmax of one row of 16 S16 scores into round(254 e) bytes (the padding's -inf gives 0); returns
+// the sum of e.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+float vnni_probabilities(const float* scores, int64_t S16, uint8_t* p) {
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < S16; ++j) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(scores + j * 16));
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  const __m512 one = _mm512_set1_ps(1.f), c1 = _mm512_set1_ps(EXP2_C1), c2 = _mm512_set1_ps(EXP2_C2),
+               c3 = _mm512_set1_ps(EXP2_C3), floor_ = _mm512_set1_ps(EXP2_FLOOR), steps = _mm512_set1_ps(P_STEPS);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < S16; ++j) {
+    const __m512 y = _mm512_sub_ps(_mm512_loadu_ps(scores + j * 16), m);
+    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, n);
+    const __m512 frac = _mm512_add_ps(one, _mm512_mul_ps(f, _mm512_add_ps(c1, _mm512_mul_ps(f, _mm512_add_ps(c2, _mm512_mul_ps(f, c3))))));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+    const __mmask16 kept = _mm512_cmp_ps_mask(y, floor_, _CMP_GE_OQ);  // false for NaN
+    const __m512 e = _mm512_maskz_mul_ps(kept, frac, _mm512_castsi512_ps(bits));
+    sum = _mm512_add_ps(sum, e);
+    // Round half to even (the default rounding mode), as torch.round; 0 .. 254 fits the low byte.
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(e, steps))));
+  }
+  return _mm512_reduce_add_ps(sum);
+}
+
+// out[r][c0 * 16 .. (c0 + C) * 16) = sum over keys of p[r][s] * V[s][...]: C vectors of channels at a
+// time for R rows, each load of V used R times.
+template <int R, int C>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_pv(const Packed& p, const uint8_t* probs, int64_t stride, int64_t c0, int32_t* acc_out) {
+  __m512i acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < p.S4; ++g) {
+    __m512i vv[C];
+    for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_si512(p.v.data() + (g * p.DP + (c0 + c) * 16) * 4);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, probs + r * stride + g * 4, 4);
+      const __m512i pb = _mm512_set1_epi32(four);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], pb, vv[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) _mm512_storeu_si512(acc_out + r * p.DP + (c0 + c) * 16, acc[r][c]);
+}
+
+template <int R>
+void vnni_pv_all(const Packed& p, const uint8_t* probs, int64_t stride, int32_t* acc) {
+  const int64_t chunks = p.DP / 16;
+  int64_t c = 0;
+  for (; c + 4 <= chunks; c += 4) vnni_pv<R, 4>(p, probs, stride, c, acc);
+  switch (chunks - c) {
+    case 3: vnni_pv<R, 3>(p, probs, stride, c, acc); break;
+    case 2: vnni_pv<R, 2>(p, probs, stride, c, acc); break;
+    case 1: vnni_pv<R, 1>(p, probs, stride, c, acc); break;
+    default: break;
+  }
+}
+
+// One output row: acc * (v_scale / norm) per channel, divided as the composite divides.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D, float* out) {
+  const __m512 vn = _mm512_set1_ps(norm);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 live = D - d >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (D - d)) - 1);
+    const __m512 f = _mm512_div_ps(_mm512_maskz_loadu_ps(live, v_scale + d), vn);
+    _mm512_mask_storeu_ps(out + d, live, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(live, acc + d)), f));
+  }
+}
+
+template <int R>
+void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, uint8_t* q, float* scores,
+               uint8_t* probs, int32_t* acc) {
+  const int64_t score_stride = p.S16 * 16, prob_stride = std::max(p.S16 * 16, p.S4 * 4);
+  float factor[R], sum[R];
+  const float* mask[R];
+  for (int r = 0; r < R; ++r) {
+    const float* row = h.q + (t0 + r) * h.D;
+    const float amax = vnni_amax(row, h.D);
+    factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
+    int8_t* qr = reinterpret_cast<int8_t*>(q + r * p.D4 * 4);
+    vnni_quantize(row, h.D, scale_of(amax), qr);
+    std::fill(qr + h.D, qr + p.D4 * 4, int8_t{0});
+    for (int64_t d = 0; d < p.D4 * 4; ++d) q[r * p.D4 * 4 + d] ^= 0x80;  // q + 128 as an unsigned byte
+    mask[r] = h.mask ? h.mask + (t0 + r) * h.mask_row_stride : nullptr;
+  }
+  vnni_scores<R>(p, h.S, q, factor, mask, scores, score_stride);
+  for (int r = 0; r < R; ++r) sum[r] = vnni_probabilities(scores + r * score_stride, p.S16, probs + r * prob_stride);
+  for (int r0 = 0; r0 < R; r0 += PV_ROWS) {
+    const uint8_t* pr = probs + r0 * prob_stride;
+    int32_t* ar = acc + r0 * p.DP;
+    switch (std::min(PV_ROWS, R - r0)) {
+      case 4: vnni_pv_all<4>(p, pr, prob_stride, ar); break;
+      case 3: vnni_pv_all<3>(p, pr, prob_stride, ar); break;
+      case 2: vnni_pv_all<2>(p, pr, prob_stride, ar); break;
+      default: vnni_pv_all<1>(p, pr, prob_stride, ar); break;
+    }
+  }
+  for (int r = 0; r < R; ++r) vnni_output(acc + r * p.DP, kv.v_scale.data(), P_STEPS * sum[r], h.D, h.out + (t0 + r) * h.D);
+}
+
+void vnni_head(const Head& h) {
+  const Quantized kv = vnni_quantize_kv(h);
+  const Packed p = pack(h, kv);
+  const int64_t prob_stride = std::max(p.S16 * 16, p.S4 * 4);
+  std::vector<uint8_t> q(ROWS * p.D4 * 4);
+  std::vector<float> scores(ROWS * p.S16 * 16);
+  std::vector<uint8_t> probs(ROWS * prob_stride, 0);  // the bytes past S stay 0 for P.V's last group
+  std::vector<int32_t> acc(ROWS * p.DP);
+  int64_t t = 0;
+  for (; t + ROWS <= h.T; t += ROWS) vnni_rows<ROWS>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data());
+  switch (h.T - t) {
+    case 7: vnni_rows<7>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 6: vnni_rows<6>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 5: vnni_rows<5>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 4: vnni_rows<4>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 3: vnni_rows<3>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 2: vnni_rows<2>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 1: vnni_rows<1>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    default: break;
+  }
+}
+static_assert(ROWS == 8 && PV_ROWS == 4, "vnni_head's tail and vnni_rows' P.V blocks handle these counts");
+#endif
+
+bool can_run(Kernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == Kernel::vnni) return has_avx512_vnni();
+#else
+  if (kernel == Kernel::vnni) return false;
+#endif
+  return true;
+}
+
+at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& attn_mask, double scale, std::optional<Kernel> forced) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "int8_attention: q, k, v must be 4-D [B, H, T, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "int8_attention: q, k, v must be float32");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
+  TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D && v.sizes() == k.sizes(),
+              "int8_attention: k and v must be [B, H, S, D] with q's B, H and D");
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor mask;
+  if (attn_mask.has_value() && attn_mask->defined()) {
+    // Additive and in base 2, as the composite adds it to base-2 scores; a boolean mask (True = attend)
+    // becomes 0 / -inf first.
+    at::Tensor m = attn_mask->scalar_type() == at::kBool
+        ? at::zeros(attn_mask->sizes(), q.options()).masked_fill_(attn_mask->logical_not(), -std::numeric_limits<float>::infinity())
+        : attn_mask->to(at::kFloat) * static_cast<float>(LOG2E);
+    mask = m.expand({B, H, T, S});
+    if (mask.stride(3) != 1) mask = mask.contiguous();
+  }
+  at::Tensor out = at::empty({B, H, T, D}, q.options());
+  const Kernel kernel = forced.value_or(can_run(Kernel::vnni) ? Kernel::vnni : Kernel::portable);
+  // The composite multiplies K's scale by this constant in float32, rounded from the double.
+  const float score_scale = static_cast<float>(scale * LOG2E / LEVELS);
+  const float* qp = qc.data_ptr<float>();
+  const float* kp = kc.data_ptr<float>();
+  const float* vp = vc.data_ptr<float>();
+  const float* mp = mask.defined() ? mask.data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / H, hh = i % H;
+      Head h{qp + i * T * D, kp + i * S * D, vp + i * S * D,
+             mp ? mp + b * mask.stride(0) + hh * mask.stride(1) : nullptr, mp ? mask.stride(2) : 0,
+             op + i * T * D, T, S, D, score_scale};
+#if defined(__x86_64__)
+      if (kernel == Kernel::vnni) {
+        vnni_head(h);
+        continue;
+      }
+#endif
+      portable_head(h);
+    }
+  });
+  return out;
+}
+
+at::Tensor int8_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& attn_mask, double scale) {
+  return run_int8_attention(q, k, v, attn_mask, scale, std::nullopt);
+}
+
+at::Tensor int8_attention_with_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const std::optional<at::Tensor>& attn_mask, double scale, c10::string_view name) {
+  for (int i = 0; i < 2; ++i) {
+    const Kernel kernel = static_cast<Kernel>(i);
+    if (name == KERNEL_NAMES[i]) {
+      TORCH_CHECK(can_run(kernel), "int8_attention_with: this CPU cannot run kernel ", std::string(name));
+      return run_int8_attention(q, k, v, attn_mask, scale, kernel);
+    }
+  }
+  TORCH_CHECK(false, "int8_attention_with: no kernel ", std::string(name), " (vnni, portable)");
+}
+
+std::vector<std::string> int8_attention_kernels() {
+  std::vector<std::string> names;
+  for (int i = 0; i < 2; ++i)
+    if (can_run(static_cast<Kernel>(i))) names.emplace_back(KERNEL_NAMES[i]);
+  return names;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(cosycompile, m) {
+  m.def("int8_attention(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale) -> Tensor");
+  m.def("int8_attention_with(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, float scale, str kernel) -> Tensor");
+  m.def("int8_attention_kernels() -> str[]", &int8_attention_kernels);
+}
+
+TORCH_LIBRARY_IMPL(cosycompile, CPU, m) {
+  m.impl("int8_attention", &int8_attention_cpu);
+  m.impl("int8_attention_with", &int8_attention_with_cpu);
+}
