@@ -5,6 +5,7 @@ whole or not at all."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,91 @@ def test_a_failed_compile_is_one_line_and_leaves_nothing(tmp_path: Path, monkeyp
         build_library(dest)
     assert "\n" not in str(err.value)
     assert not dest.exists() or not any(dest.iterdir())
+
+
+ATTENTION_KERNELS = ("vnni", "portable")
+# [B, H, T, S, D]: the estimator's heads; a key count that is no multiple of 16 or 4 and a head size
+# that is no multiple of 16 or 4 (the packed layouts' padding); 1 to 7 query rows past a block of 8;
+# D = 128 (two passes of four channel vectors in P.V); one query and one key.
+ATTENTION_SHAPES = [(2, 8, 61, 61, 64), (1, 2, 37, 53, 40), (2, 3, 13, 17, 7), (1, 1, 9, 130, 128), (1, 1, 1, 1, 64)]
+
+
+def _mask(kind: str, B: int, H: int, T: int, S: int, gen: Any) -> Any:
+    import torch
+
+    if kind == "none":
+        return None
+    if kind == "additive":  # padding-style: -inf on a fifth of the pairs, every row keeps one key
+        m = torch.where(torch.rand(B, 1, T, S, generator=gen) > 0.2, 0.0, float("-inf"))
+        m[..., 0] = 0.0
+        return m
+    if kind == "boolean per head":
+        m = torch.rand(1, H, 1, S, generator=gen) > 0.3
+        m[..., 0] = True
+        return m
+    return torch.randn(T, S, generator=gen)  # a 2-D float bias
+
+
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES)
+@pytest.mark.parametrize("mask_kind", ["none", "additive", "boolean per head", "bias"])
+@pytest.mark.parametrize("kernel", ["chosen", *ATTENTION_KERNELS])
+def test_int8_attention_computes_what_the_composite_computes(torch_ops_library: Path, shape: tuple[int, ...],
+                                                             mask_kind: str, kernel: str) -> None:
+    """Every kernel this CPU can run, and the one the operator picks, against torch_dynamic's ATen
+    composite: the same quantization, products and base-2 softmax, so only the order of the float sum
+    that normalises a row may differ; and, as a check that both compute attention, near FP32 SDPA."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import int8_attention
+
+    if kernel != "chosen" and kernel not in torch.ops.cosycompile.int8_attention_kernels():
+        pytest.skip(f"this CPU cannot run the {kernel} kernel")
+    B, H, T, S, D = shape
+    gen = torch.Generator().manual_seed(sum(shape) + len(mask_kind))
+    q, k, v = (torch.randn(B, H, n, D, generator=gen) for n in (T, S, S))
+    mask = _mask(mask_kind, B, H, T, S, gen)
+    scale = D ** -0.5
+    want = int8_attention(q, k, v, mask, scale)
+    got = (torch.ops.cosycompile.int8_attention(q, k, v, mask, scale) if kernel == "chosen" else
+           torch.ops.cosycompile.int8_attention_with(q, k, v, mask, scale, kernel))
+    assert got.shape == want.shape == (B, H, T, D) and got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    assert float((got - exact).abs().max()) < 0.1 * float(exact.abs().max())
+
+
+def test_int8_attention_of_a_row_with_every_key_masked_is_zero_as_sdpa(torch_ops_library: Path) -> None:
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import int8_attention
+
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=gen) for _ in range(3))
+    mask = torch.ones(20, 20, dtype=torch.bool)
+    mask[5] = False
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(want[:, :, 5], torch.zeros(1, 2, 16))
+    for got in (int8_attention(q, k, v, mask, 0.25),
+                *(torch.ops.cosycompile.int8_attention_with(q, k, v, mask, 0.25, kernel)
+                  for kernel in torch.ops.cosycompile.int8_attention_kernels())):
+        assert torch.equal(got[:, :, 5], want[:, :, 5])
+        assert float((got - want).abs().max()) < 0.1 * float(want.abs().max())
+
+
+def test_int8_attention_kernels_follow_the_cpu_and_a_wrong_one_is_refused(torch_ops_library: Path) -> None:
+    import torch
+
+    from cosycompile.runtime.host import cpu_flags
+
+    kernels = torch.ops.cosycompile.int8_attention_kernels()
+    assert ("vnni" in kernels) == ({"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()) and "portable" in kernels
+    q = torch.zeros(1, 1, 4, 16)
+    with pytest.raises(RuntimeError, match="no kernel avx3"):
+        torch.ops.cosycompile.int8_attention_with(q, q, q, None, 0.25, "avx3")
+    for kernel in (k for k in ATTENTION_KERNELS if k not in kernels):
+        with pytest.raises(RuntimeError, match=f"cannot run kernel {kernel}"):
+            torch.ops.cosycompile.int8_attention_with(q, q, q, None, 0.25, kernel)
+    with pytest.raises(RuntimeError, match="must be 4-D"):
+        torch.ops.cosycompile.int8_attention(q[0], q[0], q[0], None, 0.25)
+    with pytest.raises(RuntimeError, match="with q's B, H and D"):
+        torch.ops.cosycompile.int8_attention(q, torch.zeros(1, 1, 4, 8), torch.zeros(1, 1, 4, 8), None, 0.25)

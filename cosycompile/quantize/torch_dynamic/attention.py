@@ -82,7 +82,8 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
             e = exp2_nonpositive(scores - scores.amax(-1, keepdim=True))
             p_q = (torch.round(e * _P_STEPS) - _P_STEPS // 2).to(torch.int8)
             acc = torch._int_mm(p_q, v_q[b, h]) + v_offset[b, h]
-            outs.append(acc.float() * (v_s[b, h] / (_P_STEPS * e.sum(-1, keepdim=True))))
+            total = e.sum(-1, keepdim=True)  # 0 for a row that attends to no key: its output is 0, as SDPA's
+            outs.append(torch.where(total > 0, acc.float() * (v_s[b, h] / (_P_STEPS * total)), 0.0))
     return torch.stack(outs).unflatten(0, (B, H))
 
 

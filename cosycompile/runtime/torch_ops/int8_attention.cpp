@@ -115,7 +115,8 @@ float quantize_query(const Head& h, const Quantized& kv, int64_t t, int8_t* q) {
 }
 
 // Softmax of one row of base-2 scores into bytes round(254 e) (e = 2^(score - max) in [0, 1]); returns
-// the sum of e, which the output divides by.
+// the sum of e, which the output divides by. A row that attends to no key sums to 0 and its output
+// is 0, as scaled_dot_product_attention gives.
 float probabilities(const float* scores, int64_t S, uint8_t* p) {
   float m = -std::numeric_limits<float>::infinity();
   for (int64_t s = 0; s < S; ++s) m = std::max(m, scores[s]);
@@ -151,7 +152,7 @@ void portable_head(const Head& h) {
       for (int64_t d = 0; d < D; ++d) acc[d] += ps * kv.v[s * D + d];
     }
     const float norm = P_STEPS * sum;
-    for (int64_t d = 0; d < D; ++d) h.out[t * D + d] = static_cast<float>(acc[d]) * (kv.v_scale[d] / norm);
+    for (int64_t d = 0; d < D; ++d) h.out[t * D + d] = norm > 0.f ? static_cast<float>(acc[d]) * (kv.v_scale[d] / norm) : 0.f;
   }
 }
 
@@ -340,6 +341,10 @@ void vnni_pv_all(const Packed& p, const uint8_t* probs, int64_t stride, int32_t*
 // One output row: acc * (v_scale / norm) per channel, divided as the composite divides.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D, float* out) {
+  if (!(norm > 0.f)) {  // no key attended
+    std::fill(out, out + D, 0.f);
+    return;
+  }
   const __m512 vn = _mm512_set1_ps(norm);
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 live = D - d >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (D - d)) - 1);
