@@ -7,8 +7,10 @@ torch backend compiles the estimator, timed in interleaved pairs against scaled_
 in FP32 (what the FP32 torch package runs):
 - matmul, softmax, matmul in FP32;
 - the same in BF16 (products in BF16, softmax in FP32);
-- torch_dynamic's ``int8_attention`` (``attention: int8``): two ``torch._int_mm`` per head.
-Each with its output SNR against float64 attention on the same inputs, and, for the INT8 variant,
+- torch_dynamic's composite ``int8_attention``: two ``torch._int_mm`` per head, the softmax between;
+- ``cosycompile::int8_attention`` (what ``attention: int8`` puts in the program): the same arithmetic
+  in one operator call, not compiled further.
+Each with its output SNR against float64 attention on the same inputs, and, for the composite,
 torch's profiler split of one call into the products and the fused softmax/quantize kernels.
 
 Usage: python bench/studies/int8_attention.py [--frames 632] [--threads 2] [--pairs 15] [--min-seconds 20]
@@ -42,7 +44,10 @@ def main() -> int:
 
     from builtin_models import machine, machine_probes
     from cosycompile.quantize.torch_dynamic.attention import int8_attention
+    from cosycompile.runtime.torch_ops import build_library, load_library
     from cosycompile.validate.speed import paired_ratio
+
+    load_library(build_library(Path(args.artifacts) / "bench" / "torch_ops"))
 
     torch.set_num_threads(args.threads)
     inductor.cpp.enable_kernel_profile = True  # the fused kernels show in the profiler by name
@@ -69,6 +74,7 @@ def main() -> int:
     compiled = {name: torch.compile(fn, dynamic=False) for name, fn in
                 (("sdpa fp32", sdpa), ("matmul-softmax-matmul fp32", plain), ("matmul-softmax-matmul bf16", bf16),
                  ("int8_attention", int8))}
+    compiled["cosycompile::int8_attention"] = lambda q, k, v, m: torch.ops.cosycompile.int8_attention(q, k, v, m, scale)
     a = torch.randn(1024, 1024)
     out: dict = {"machine": machine(), "torch": torch.__version__, "frames": T, "threads": args.threads, "rows": {}}
     with torch.no_grad():
