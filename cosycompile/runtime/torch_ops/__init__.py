@@ -30,6 +30,7 @@ from pathlib import Path
 from cosycompile.errors import UserError
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
+HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))  # included by the sources, so part of the digest
 # Whatever the build machine, the library is generic x86-64 code; the AVX512-VNNI and AVX2 kernels are
 # compiled for their own ISA (target attributes) and run only where the CPU reports it. No contraction
 # into FMAs: the operators round as the ATen composites they replace, so that an 8-bit probability
@@ -47,7 +48,7 @@ def library_name() -> str:
     import torch
 
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         h.update(source.name.encode() + b"\0" + source.read_bytes())
     h.update(f"{torch.__version__}|{platform.machine()}|{' '.join(FLAGS)}".encode())
     return f"libcosycompile_ops-{h.hexdigest()[:16]}.so"

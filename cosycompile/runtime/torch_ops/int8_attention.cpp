@@ -29,6 +29,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "vnni.h"
+using cosycompile_ops::dpbusd;
 #endif
 
 namespace {
@@ -38,6 +41,7 @@ namespace {
 constexpr float LEVELS = 127.f;
 constexpr float P_STEPS = 254.f;
 constexpr double LOG2E = 1.4426950408889634;
+constexpr float LOG2E_F = static_cast<float>(LOG2E);
 constexpr float EXP2_C1 = 0.6954244246846342f, EXP2_C2 = 0.22630764466457975f, EXP2_C3 = 0.07826793065078608f;
 constexpr float EXP2_FLOOR = -30.f;
 // Query rows that share each load of K (their accumulators in registers, enough chains in flight to
@@ -65,8 +69,8 @@ float exp2_nonpositive(float y) {
   return frac * p;
 }
 
-// One (batch, head) of the problem: row-major [T, D] / [S, D] float inputs, the mask's rows (stride
-// between rows; null when there is no mask) already in base 2, the output [T, D].
+// One (batch, head) of the problem: row-major [T, D] / [S, D] float inputs, the additive mask's rows
+// (stride between rows; null when there is no mask), the output [T, D].
 struct Head {
   const float* q;
   const float* k;
@@ -143,7 +147,7 @@ void portable_head(const Head& h) {
       int32_t dot = 0;
       for (int64_t d = 0; d < D; ++d) dot += static_cast<int32_t>(q[d]) * kv.k[s * D + d];
       scores[s] = static_cast<float>(dot) * factor;
-      if (mask) scores[s] += mask[s];
+      if (mask) scores[s] += mask[s] * LOG2E_F;  // as the composite: the mask times log2(e), then the sum
     }
     const float sum = probabilities(scores.data(), S, p.data());
     std::fill(acc.begin(), acc.end(), 0);
@@ -221,6 +225,9 @@ struct Packed {
   std::vector<int32_t> k_offset;
 };
 
+// The packing moves bytes only; vector shuffles do it a row of K (a scatter of its 16 dwords, for
+// D = 64) or four keys of V (16 channels at a time) per step, the scalar loops what remains.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
 Packed pack(const Head& h, const Quantized& kv) {
   Packed p;
   p.S16 = (h.S + 15) / 16;
@@ -229,31 +236,55 @@ Packed pack(const Head& h, const Quantized& kv) {
   p.DP = (h.D + 15) / 16 * 16;
   p.k.assign(p.S16 * p.D4 * 64, 0);
   p.k_offset.assign(p.S16 * 16, 0);
+  const __m512i dword_stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                                  _mm512_set1_epi32(16));
   for (int64_t s = 0; s < h.S; ++s) {
-    int32_t sum = 0;
     int8_t* dst = p.k.data() + (s / 16 * p.D4 * 16 + s % 16) * 4;
     const int8_t* src = kv.k.data() + s * h.D;
-    for (int64_t d = 0; d < h.D; ++d) {
-      dst[(d / 4) * 64 + d % 4] = src[d];
-      sum += src[d];
-    }
+    int64_t d = 0;
+    for (; d + 64 <= h.D; d += 64)  // dword i of these 64 bytes goes to dst + (d / 4 + i) * 64
+      _mm512_i32scatter_epi32(dst + d * 16, dword_stride, _mm512_loadu_si512(src + d), 4);
+    for (; d < h.D; ++d) dst[(d / 4) * 64 + d % 4] = src[d];
+    int32_t sum = 0;
+    for (int64_t i = 0; i < h.D; ++i) sum += src[i];
     p.k_offset[s] = 128 * sum;
   }
   p.v.assign(p.S4 * p.DP * 4, 0);
-  for (int64_t s = 0; s < h.S; ++s) {
-    int8_t* dst = p.v.data() + s / 4 * p.DP * 4 + s % 4;
-    const int8_t* src = kv.v.data() + s * h.D;
-    for (int64_t d = 0; d < h.D; ++d) dst[d * 4] = src[d];
+  for (int64_t s0 = 0; s0 < h.S; s0 += 4) {
+    int8_t* dst = p.v.data() + s0 / 4 * p.DP * 4;
+    const int64_t keys = std::min<int64_t>(4, h.S - s0);
+    int64_t d = 0;
+    if (keys == 4) {
+      for (; d + 16 <= h.D; d += 16) {  // four rows of 16 bytes into 16 groups of four
+        const int8_t* src = kv.v.data() + s0 * h.D + d;
+        const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+        const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + h.D));
+        const __m128i r2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * h.D));
+        const __m128i r3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 3 * h.D));
+        const __m128i a = _mm_unpacklo_epi8(r0, r1), b = _mm_unpackhi_epi8(r0, r1);
+        const __m128i c = _mm_unpacklo_epi8(r2, r3), e = _mm_unpackhi_epi8(r2, r3);
+        __m128i* out = reinterpret_cast<__m128i*>(dst + d * 4);
+        _mm_storeu_si128(out, _mm_unpacklo_epi16(a, c));
+        _mm_storeu_si128(out + 1, _mm_unpackhi_epi16(a, c));
+        _mm_storeu_si128(out + 2, _mm_unpacklo_epi16(b, e));
+        _mm_storeu_si128(out + 3, _mm_unpackhi_epi16(b, e));
+      }
+    }
+    for (; d < h.D; ++d)
+      for (int64_t i = 0; i < keys; ++i) dst[d * 4 + i] = kv.v[(s0 + i) * h.D + d];
   }
   return p;
 }
 
 // Scores of R query rows (unsigned bytes q + 128, D4 dwords each) against every key, rescaled, masked
-// and in base 2, into scores[r][0 .. 16 S16); past S they are -inf.
+// and in base 2, into scores[r][0 .. 16 S16) (past S they are -inf), and each row's maximum.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* factor, const float* const* mask,
-                 float* scores, int64_t stride) {
+                 float* scores, int64_t stride, float* row_max) {
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), log2e = _mm512_set1_ps(LOG2E_F);
+  __m512 vmax[R];
+  for (int r = 0; r < R; ++r) vmax[r] = minus_inf;
   for (int64_t j = 0; j < p.S16; ++j) {
     __m512i acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
@@ -263,7 +294,7 @@ void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* fact
       for (int r = 0; r < R; ++r) {
         int32_t four;
         std::memcpy(&four, q + r * p.D4 * 4 + dd * 4, 4);
-        acc[r] = _mm512_dpbusd_epi32(acc[r], _mm512_set1_epi32(four), kv);
+        acc[r] = dpbusd(acc[r], _mm512_set1_epi32(four), kv);
       }
     }
     const __m512i offset = _mm512_loadu_si512(p.k_offset.data() + j * 16);
@@ -271,20 +302,21 @@ void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* fact
     const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1);
     for (int r = 0; r < R; ++r) {
       __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], offset)), _mm512_set1_ps(factor[r]));
-      if (mask[r]) sc = _mm512_add_ps(sc, _mm512_maskz_loadu_ps(live, mask[r] + j * 16));
-      sc = _mm512_mask_blend_ps(live, _mm512_set1_ps(-std::numeric_limits<float>::infinity()), sc);
+      if (mask[r]) sc = _mm512_add_ps(sc, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, mask[r] + j * 16), log2e));
+      sc = _mm512_mask_blend_ps(live, minus_inf, sc);
+      vmax[r] = _mm512_max_ps(vmax[r], sc);
       _mm512_storeu_ps(scores + r * stride + j * 16, sc);
     }
   }
+  for (int r = 0; r < R; ++r) row_max[r] = _mm512_reduce_max_ps(vmax[r]);
 }
 
-// The softmax of one row of 16 S16 scores into round(254 e) bytes (the padding's -inf gives 0); returns
-// the sum of e.
+// The softmax of one row of 16 S16 scores with maximum m into round(254 e) bytes (the padding's -inf
+// gives 0); returns the sum of e. 2^n comes from VSCALEFPS, which for the integer n >= -30 the floor
+// keeps is exact: the same product as the composite's exponent bits.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-float vnni_probabilities(const float* scores, int64_t S16, uint8_t* p) {
-  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < S16; ++j) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(scores + j * 16));
-  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+float vnni_probabilities(const float* scores, int64_t S16, float row_max, uint8_t* p) {
+  const __m512 m = _mm512_set1_ps(row_max);
   const __m512 one = _mm512_set1_ps(1.f), c1 = _mm512_set1_ps(EXP2_C1), c2 = _mm512_set1_ps(EXP2_C2),
                c3 = _mm512_set1_ps(EXP2_C3), floor_ = _mm512_set1_ps(EXP2_FLOOR), steps = _mm512_set1_ps(P_STEPS);
   __m512 sum = _mm512_setzero_ps();
@@ -293,9 +325,8 @@ float vnni_probabilities(const float* scores, int64_t S16, uint8_t* p) {
     const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_sub_ps(y, n);
     const __m512 frac = _mm512_add_ps(one, _mm512_mul_ps(f, _mm512_add_ps(c1, _mm512_mul_ps(f, _mm512_add_ps(c2, _mm512_mul_ps(f, c3))))));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
     const __mmask16 kept = _mm512_cmp_ps_mask(y, floor_, _CMP_GE_OQ);  // false for NaN
-    const __m512 e = _mm512_maskz_mul_ps(kept, frac, _mm512_castsi512_ps(bits));
+    const __m512 e = _mm512_maskz_scalef_ps(kept, frac, n);
     sum = _mm512_add_ps(sum, e);
     // Round half to even (the default rounding mode), as torch.round; 0 .. 254 fits the low byte.
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(e, steps))));
@@ -318,7 +349,7 @@ void vnni_pv(const Packed& p, const uint8_t* probs, int64_t stride, int64_t c0, 
       int32_t four;
       std::memcpy(&four, probs + r * stride + g * 4, 4);
       const __m512i pb = _mm512_set1_epi32(four);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbusd_epi32(acc[r][c], pb, vv[c]);
+      for (int c = 0; c < C; ++c) acc[r][c] = dpbusd(acc[r][c], pb, vv[c]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -326,6 +357,7 @@ void vnni_pv(const Packed& p, const uint8_t* probs, int64_t stride, int64_t c0, 
 }
 
 template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_pv_all(const Packed& p, const uint8_t* probs, int64_t stride, int32_t* acc) {
   const int64_t chunks = p.DP / 16;
   int64_t c = 0;
@@ -354,6 +386,7 @@ void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D
 }
 
 template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, uint8_t* q, float* scores,
                uint8_t* probs, int32_t* acc) {
   const int64_t score_stride = p.S16 * 16, prob_stride = std::max(p.S16 * 16, p.S4 * 4);
@@ -369,8 +402,10 @@ void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, 
     for (int64_t d = 0; d < p.D4 * 4; ++d) q[r * p.D4 * 4 + d] ^= 0x80;  // q + 128 as an unsigned byte
     mask[r] = h.mask ? h.mask + (t0 + r) * h.mask_row_stride : nullptr;
   }
-  vnni_scores<R>(p, h.S, q, factor, mask, scores, score_stride);
-  for (int r = 0; r < R; ++r) sum[r] = vnni_probabilities(scores + r * score_stride, p.S16, probs + r * prob_stride);
+  float row_max[R];
+  vnni_scores<R>(p, h.S, q, factor, mask, scores, score_stride, row_max);
+  for (int r = 0; r < R; ++r)
+    sum[r] = vnni_probabilities(scores + r * score_stride, p.S16, row_max[r], probs + r * prob_stride);
   for (int r0 = 0; r0 < R; r0 += PV_ROWS) {
     const uint8_t* pr = probs + r0 * prob_stride;
     int32_t* ar = acc + r0 * p.DP;
@@ -428,11 +463,11 @@ at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at
   const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
   at::Tensor mask;
   if (attn_mask.has_value() && attn_mask->defined()) {
-    // Additive and in base 2, as the composite adds it to base-2 scores; a boolean mask (True = attend)
-    // becomes 0 / -inf first.
+    // Additive; a boolean mask (True = attend) becomes 0 / -inf. The kernels take it to base 2 as they
+    // read it, so that a float mask is not copied on every call.
     at::Tensor m = attn_mask->scalar_type() == at::kBool
         ? at::zeros(attn_mask->sizes(), q.options()).masked_fill_(attn_mask->logical_not(), -std::numeric_limits<float>::infinity())
-        : attn_mask->to(at::kFloat) * static_cast<float>(LOG2E);
+        : attn_mask->to(at::kFloat);
     mask = m.expand({B, H, T, S});
     if (mask.stride(3) != 1) mask = mask.contiguous();
   }

@@ -26,6 +26,9 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+#include "vnni.h"
+using cosycompile_ops::dpbusd;
 #endif
 
 namespace {
@@ -88,10 +91,10 @@ void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_
     const __m512i v3 = _mm512_xor_si512(_mm512_loadu_si512(w3 + k), flip);
     for (int m = 0; m < M; ++m) {
       const __m512i xv = _mm512_loadu_si512(q + m * K + k);
-      a[m][0] = _mm512_dpbusd_epi32(a[m][0], v0, xv);
-      a[m][1] = _mm512_dpbusd_epi32(a[m][1], v1, xv);
-      a[m][2] = _mm512_dpbusd_epi32(a[m][2], v2, xv);
-      a[m][3] = _mm512_dpbusd_epi32(a[m][3], v3, xv);
+      a[m][0] = dpbusd(a[m][0], v0, xv);
+      a[m][1] = dpbusd(a[m][1], v1, xv);
+      a[m][2] = dpbusd(a[m][2], v2, xv);
+      a[m][3] = dpbusd(a[m][3], v3, xv);
     }
   }
   if (k < K) {  // the last K % 64 columns; masked-off bytes load as 0 and add nothing
@@ -102,10 +105,10 @@ void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_
     const __m512i v3 = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w3 + k), flip);
     for (int m = 0; m < M; ++m) {
       const __m512i xv = _mm512_maskz_loadu_epi8(mask, q + m * K + k);
-      a[m][0] = _mm512_dpbusd_epi32(a[m][0], v0, xv);
-      a[m][1] = _mm512_dpbusd_epi32(a[m][1], v1, xv);
-      a[m][2] = _mm512_dpbusd_epi32(a[m][2], v2, xv);
-      a[m][3] = _mm512_dpbusd_epi32(a[m][3], v3, xv);
+      a[m][0] = dpbusd(a[m][0], v0, xv);
+      a[m][1] = dpbusd(a[m][1], v1, xv);
+      a[m][2] = dpbusd(a[m][2], v2, xv);
+      a[m][3] = dpbusd(a[m][3], v3, xv);
     }
   }
   for (int m = 0; m < M; ++m)
