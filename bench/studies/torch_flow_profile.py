@@ -6,8 +6,8 @@ off), compiles the estimator program with ``torch.compile`` (freezing on, as the
 packages are built; JIT rather than AOTInductor, whose packages record no kernels), and profiles
 ``--calls`` calls at ``--frames`` frames, batch 2. Inductor's fused kernels are named after the ops
 they fuse; extern calls (``aten::_int_mm``, ``aten::mkldnn_convolution``, the attention kernel) keep
-their own names. ``--attention fp32`` profiles the recipe's flow with the attention products left FP32
-(an INT8-attention program unrolls its heads, and its JIT compile takes many minutes here).
+their own names (``cosycompile::int8_attention`` for INT8 attention). ``--attention fp32`` profiles the
+recipe's flow with the attention products left FP32.
 
 Usage: python bench/studies/torch_flow_profile.py [--recipe recipes/cpu-torch-int8.yaml] [--frames 632]
        [--attention fp32]

@@ -393,6 +393,27 @@ def test_attention_int8_keeps_causal_attention() -> None:
     assert done["int8_attention"] == 0 and list(done["kept_fp32"].values()) == ["dropout, is_causal or enable_gqa set"]
 
 
+def test_attention_int8_rewrites_attention_whose_batch_and_heads_vary(torch_ops_library: Path) -> None:
+    """The operator loops over batch and heads itself, so a program exported with both dynamic is
+    rewritten too, and computes the composite's arithmetic at every size it is called with."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import int8_attention, rewrite_attention
+
+    class Attend(torch.nn.Module):
+        def forward(self, q: Any, k: Any, v: Any) -> Any:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    dims = {"q": {0: torch.export.Dim("b"), 1: torch.export.Dim("h")}}
+    dims["k"] = dims["v"] = dims["q"]
+    gm = torch.export.export(Attend(), tuple(torch.randn(2, 3, 8, 16) for _ in range(3)), dynamic_shapes=dims).module()
+    assert rewrite_attention(gm) == {"int8_attention": 1, "kept_fp32": {}}
+    gen = torch.Generator().manual_seed(5)
+    for B, H in ((1, 2), (3, 5)):
+        q, k, v = (torch.randn(B, H, 8, 16, generator=gen) for _ in range(3))
+        torch.testing.assert_close(gm(q, k, v), int8_attention(q, k, v, None, 0.25), rtol=1e-4, atol=1e-5)
+
+
 def test_attention_int8_for_a_gpu_target_is_one_line(tmp_path: Path) -> None:
     recipe = _flow_only(tmp_path, {"format": "int8", "attention": "int8"}, target="h100")
     res = run_cli("build", str(recipe), "--artifacts", str(tmp_path / "art"), "--until", "quantize", "-q")

@@ -41,7 +41,7 @@ class Spec(BaseModel):
     attention: Literal["fp32", "int8"] = Field(
         "fp32", description="precision of the attention products (Q.K and P.V) of the quantized graphs; "
                             "int8 is for CPU targets (the project's operator, compiled with the quantize step and "
-                            "carried in the engine dir) and needs a fixed batch and head count")
+                            "carried in the engine dir)")
     kernel: Literal["int_mm", "cosycompile"] = Field(
         "int_mm", description="the INT8 linears' kernel: 'int_mm' (torch._int_mm, the activation's quantization fused "
                               "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "

@@ -13,9 +13,9 @@ folds into the output scale.
 (``runtime/torch_ops/int8_attention.cpp``) in place of each qualifying attention node: it quantizes,
 multiplies and normalises a block of query rows while their scores sit in cache. :func:`int8_attention`
 is the same arithmetic in ATen ops, two ``torch._int_mm`` per head; the operator is tested against it.
-Only graphs whose batch and head counts are fixed qualify (as the composite unrolls its loop over
-them); every other attention node stays as it was. CPU only: CUDA's INT8 GEMM wants more than 16 rows
-and inner sizes that are multiples of 8, which a frame count is not.
+Attention with dropout, a causal flag or grouped query heads, and any not on 4-D q, k, v, stays as it
+was. CPU only: CUDA's INT8 GEMM wants more than 16 rows and inner sizes that are multiples of 8, which
+a frame count is not.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def int8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     ops: what ``cosycompile::int8_attention`` computes. The probabilities go to ``_int_mm`` as signed
     bytes ``round(254 e) - 127``, whose offset comes back exactly as 127 times V's column sums.
 
-    q, k, v [B, H, T, D] with B and H fixed; mask additive (float) or boolean (True = attend),
-    broadcastable to [B, H, T, S].
+    q, k, v [B, H, T, D] (the loop over B and H is unrolled when traced); mask additive (float) or
+    boolean (True = attend), broadcastable to [B, H, T, S].
     """
     B, H = q.shape[0], q.shape[1]
     # Scales multiply (no division): Inductor inlines them into the kernels that quantize.
@@ -128,6 +128,4 @@ def _why_not(node: torch.fx.Node) -> str:
     shapes = [a.meta["val"].shape for a in node.args[:3] if isinstance(a, torch.fx.Node) and "val" in a.meta]
     if len(shapes) != 3 or any(len(s) != 4 for s in shapes):
         return "q, k, v are not all 4-D"
-    if not all(isinstance(n, int) for s in shapes for n in s[:2]):
-        return "batch or head count not fixed"
     return ""
