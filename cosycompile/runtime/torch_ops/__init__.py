@@ -7,14 +7,15 @@ Each ``*.cpp`` here holds one operator, all compiled into one library:
 - ``cosycompile::int8_attention(q, k, v, attn_mask, scale)``: ``scaled_dot_product_attention`` with INT8
   products, the arithmetic of torch_dynamic's composite ``int8_attention`` in one call.
 
-Each source says why it exists. Beside each, for tests and benchmarks, ``<op>_kernels()`` names the
-kernels this CPU can run and ``<op>_with(..., kernel)`` runs one of them.
+Each source says why it exists; ``vnni.h`` holds what their AVX512-VNNI kernels share. Beside each, for
+tests and benchmarks, ``<op>_kernels()`` names the kernels this CPU can run and ``<op>_with(..., kernel)``
+runs one of them.
 
-A program that calls it needs the compiled library in every process that loads or runs it, so the
+A program that calls them needs the compiled library in every process that loads or runs it, so the
 library travels with the programs: the quantize step that writes such a program builds it into its
 output dir (:func:`build_library`), the torch backend links it into the engine dir beside the
 packages, and :func:`load_library` registers it before a program or package is read. The file name
-holds a digest of the source, the torch version and the flags, so two engine dirs built from the same
+holds a digest of the sources, the torch version and the flags, so two engine dirs built from the same
 code carry the same library, and a process refuses a second, different one.
 """
 
