@@ -32,6 +32,8 @@
 
 #include "vnni.h"
 using cosycompile_ops::dpbusd;
+using cosycompile_ops::has_avx512_vnni;
+using cosycompile_ops::lanes;
 #endif
 
 namespace {
@@ -161,12 +163,6 @@ void portable_head(const Head& h) {
 }
 
 #if defined(__x86_64__)
-bool has_avx512_vnni() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");
-  return yes;
-}
-
 // x[0 .. n) / s rounded half to even (the default rounding mode, as torch.round) and clamped to
 // [-127, 127], as quantize() does one value.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
@@ -174,7 +170,7 @@ void vnni_quantize(const float* x, int64_t n, float s, int8_t* out) {
   const __m512 vs = _mm512_set1_ps(s);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 live = lanes(n - i);
     const __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, x + i), vs));
     _mm512_mask_cvtepi32_storeu_epi8(out + i, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, r)));
   }
@@ -184,7 +180,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni")))
 float vnni_amax(const float* x, int64_t n) {
   __m512 m = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 live = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __mmask16 live = lanes(n - i);
     m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, x + i)));
   }
   return _mm512_reduce_max_ps(m);
@@ -201,7 +197,7 @@ Quantized vnni_quantize_kv(const Head& h) {
   r.v_scale.resize(D);
   r.v.resize(S * D);
   for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    const __mmask16 live = D - d0 >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (D - d0)) - 1);
+    const __mmask16 live = lanes(D - d0);
     __m512 m = _mm512_setzero_ps();
     for (int64_t s = 0; s < S; ++s) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, h.v + s * D + d0)));
     for (int64_t d = d0; d < std::min<int64_t>(D, d0 + 16); ++d) r.v_scale[d] = scale_of(m[d - d0]);
@@ -298,8 +294,7 @@ void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* fact
       }
     }
     const __m512i offset = _mm512_loadu_si512(p.k_offset.data() + j * 16);
-    const int64_t valid = std::min<int64_t>(16, S - j * 16);
-    const __mmask16 live = static_cast<__mmask16>((1u << valid) - 1);
+    const __mmask16 live = lanes(S - j * 16);
     for (int r = 0; r < R; ++r) {
       __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], offset)), _mm512_set1_ps(factor[r]));
       if (mask[r]) sc = _mm512_add_ps(sc, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, mask[r] + j * 16), log2e));
@@ -379,7 +374,7 @@ void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D
   }
   const __m512 vn = _mm512_set1_ps(norm);
   for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 live = D - d >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (D - d)) - 1);
+    const __mmask16 live = lanes(D - d);
     const __m512 f = _mm512_div_ps(_mm512_maskz_loadu_ps(live, v_scale + d), vn);
     _mm512_mask_storeu_ps(out + d, live, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(live, acc + d)), f));
   }

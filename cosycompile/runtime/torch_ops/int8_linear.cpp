@@ -29,6 +29,7 @@
 
 #include "vnni.h"
 using cosycompile_ops::dpbusd;
+using cosycompile_ops::has_avx512_vnni;
 #endif
 
 namespace {
@@ -63,12 +64,6 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale
 }
 
 #if defined(__x86_64__)
-bool has_avx512_vnni() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");  // asked once, not on every call
-  return yes;
-}
-
 // acc[m][i] = sum_k q[m][k] * w[n0 + i][k] for i < rows <= 4 and m < M <= ROW_GROUP (M a template
 // argument, so that the accumulators stay in registers). VPDPBUSD multiplies unsigned by signed bytes:
 // the weights are made unsigned by flipping their sign bit (w + 128), and the caller takes
