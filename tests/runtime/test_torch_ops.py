@@ -157,6 +157,33 @@ def test_int8_attention_computes_what_the_composite_computes(torch_ops_library: 
     assert float((got - exact).abs().max()) < 0.1 * float(exact.abs().max())
 
 
+@pytest.mark.parametrize("kernel", ATTENTION_KERNELS)
+def test_int8_attention_reads_heads_where_a_projection_left_them(torch_ops_library: Path, kernel: str) -> None:
+    """q, k and v as the estimator hands them over: [B, T, H*D] projections viewed as [B, H, T, D]
+    (rows H*D apart, heads D apart), and one sliced out of a fused QKV projection, and a tensor whose
+    channels are not contiguous. Each gives what the same values contiguous give."""
+    import torch
+
+    if kernel not in torch.ops.cosycompile.int8_attention_kernels():
+        pytest.skip(f"this CPU cannot run the {kernel} kernel")
+    B, H, T, S, D = 2, 3, 19, 23, 40
+    gen = torch.Generator().manual_seed(7)
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.view(B, x.shape[1], H, D).transpose(1, 2)
+
+    q = heads(torch.randn(B, T, H * D, generator=gen))
+    kv = torch.randn(B, S, 2 * H * D, generator=gen)
+    k, v = heads(kv[..., : H * D]), heads(kv[..., H * D:])
+    assert not (q.is_contiguous() or k.is_contiguous() or v.is_contiguous())
+    mask = torch.randn(T, S, generator=gen)
+    for args in ((q, k, v), (q, k, v.transpose(2, 3).contiguous().transpose(2, 3))):
+        got = torch.ops.cosycompile.int8_attention_with(*args, mask, D ** -0.5, kernel)
+        want = torch.ops.cosycompile.int8_attention_with(q.contiguous(), k.contiguous(), v.contiguous(), mask,
+                                                         D ** -0.5, kernel)
+        assert torch.equal(got, want)
+
+
 def test_int8_attention_of_a_row_with_every_key_masked_is_zero_as_sdpa(torch_ops_library: Path) -> None:
     import torch
 

@@ -71,12 +71,14 @@ float exp2_nonpositive(float y) {
   return frac * p;
 }
 
-// One (batch, head) of the problem: row-major [T, D] / [S, D] float inputs, the additive mask's rows
-// (stride between rows; null when there is no mask), the output [T, D].
+// One (batch, head) of the problem: [T, D] / [S, D] float inputs whose rows are contiguous but may lie
+// apart (row strides q_row, k_row, v_row: heads split out of a projection are read where they are, not
+// copied), the additive mask's rows (stride between rows; null when there is no mask), the output [T, D].
 struct Head {
   const float* q;
   const float* k;
   const float* v;
+  int64_t q_row, k_row, v_row;
   const float* mask;
   int64_t mask_row_stride;
   float* out;
@@ -94,25 +96,27 @@ struct Quantized {
 Quantized quantize_kv(const Head& h) {
   Quantized r;
   float amax = 0.f;
-  for (int64_t i = 0; i < h.S * h.D; ++i) amax = std::max(amax, std::fabs(h.k[i]));
+  for (int64_t s = 0; s < h.S; ++s)
+    for (int64_t d = 0; d < h.D; ++d) amax = std::max(amax, std::fabs(h.k[s * h.k_row + d]));
   r.k_scale = scale_of(amax);
   r.k.resize(h.S * h.D);
-  for (int64_t i = 0; i < h.S * h.D; ++i) r.k[i] = quantize(h.k[i], r.k_scale);
+  for (int64_t s = 0; s < h.S; ++s)
+    for (int64_t d = 0; d < h.D; ++d) r.k[s * h.D + d] = quantize(h.k[s * h.k_row + d], r.k_scale);
   std::vector<float> vmax(h.D, 0.f);
   for (int64_t s = 0; s < h.S; ++s)
-    for (int64_t d = 0; d < h.D; ++d) vmax[d] = std::max(vmax[d], std::fabs(h.v[s * h.D + d]));
+    for (int64_t d = 0; d < h.D; ++d) vmax[d] = std::max(vmax[d], std::fabs(h.v[s * h.v_row + d]));
   r.v_scale.resize(h.D);
   for (int64_t d = 0; d < h.D; ++d) r.v_scale[d] = scale_of(vmax[d]);
   r.v.resize(h.S * h.D);
   for (int64_t s = 0; s < h.S; ++s)
-    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.D + d], r.v_scale[d]);
+    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.v_row + d], r.v_scale[d]);
   return r;
 }
 
 // Query row t as INT8 and its score factor (its scale times K's times the softmax's constants, taken
 // as the composite takes it: max |q| times the product of the others).
 float quantize_query(const Head& h, const Quantized& kv, int64_t t, int8_t* q) {
-  const float* row = h.q + t * h.D;
+  const float* row = h.q + t * h.q_row;
   float amax = 0.f;
   for (int64_t d = 0; d < h.D; ++d) amax = std::max(amax, std::fabs(row[d]));
   const float s = scale_of(amax);
@@ -186,29 +190,48 @@ float vnni_amax(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(m);
 }
 
-// quantize_kv with vector loops: K one scale per head, V one per channel.
+// quantize_kv with vector loops: K one scale per head, V one per channel. The first pass over each
+// copies its rows together while it takes their maximum, and the second quantizes the copy: heads split
+// out of a projection lie rows H*D floats apart, a power of two that maps them onto a few cache sets,
+// so a second pass over the rows where they lie missed L1 and L2 on every row.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 Quantized vnni_quantize_kv(const Head& h) {
   Quantized r;
   const int64_t S = h.S, D = h.D;
-  r.k_scale = scale_of(vnni_amax(h.k, S * D));
-  r.k.resize(S * D);
-  vnni_quantize(h.k, S * D, r.k_scale, r.k.data());
-  r.v_scale.resize(D);
-  r.v.resize(S * D);
-  for (int64_t d0 = 0; d0 < D; d0 += 16) {
-    const __mmask16 live = lanes(D - d0);
-    __m512 m = _mm512_setzero_ps();
-    for (int64_t s = 0; s < S; ++s) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, h.v + s * D + d0)));
-    for (int64_t d = d0; d < std::min<int64_t>(D, d0 + 16); ++d) r.v_scale[d] = scale_of(m[d - d0]);
-    const __m512 vs = _mm512_maskz_loadu_ps(live, r.v_scale.data() + d0);
-    const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-    for (int64_t s = 0; s < S; ++s) {
-      // Masked-off lanes divide 0 by 0: their NaN converts to something never stored.
-      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, h.v + s * D + d0), vs));
-      _mm512_mask_cvtepi32_storeu_epi8(r.v.data() + s * D + d0, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, q)));
+  thread_local std::vector<float> rows;
+  rows.resize(S * D);
+  __m512 km = _mm512_setzero_ps();
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 live = lanes(D - d);
+      const __m512 x = _mm512_maskz_loadu_ps(live, h.k + s * h.k_row + d);
+      _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      km = _mm512_max_ps(km, _mm512_abs_ps(x));
     }
-  }
+  r.k_scale = scale_of(_mm512_reduce_max_ps(km));
+  r.k.resize(S * D);
+  vnni_quantize(rows.data(), S * D, r.k_scale, r.k.data());
+  const int64_t D16 = (D + 15) / 16 * 16;
+  std::vector<float> vmax(D16, 0.f);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 live = lanes(D - d);
+      const __m512 x = _mm512_maskz_loadu_ps(live, h.v + s * h.v_row + d);
+      _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      _mm512_storeu_ps(vmax.data() + d, _mm512_max_ps(_mm512_loadu_ps(vmax.data() + d), _mm512_abs_ps(x)));
+    }
+  r.v_scale.resize(D);
+  for (int64_t d = 0; d < D; ++d) r.v_scale[d] = scale_of(vmax[d]);
+  r.v.resize(S * D);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 live = lanes(D - d);
+      // Masked-off lanes divide 0 by 0: their NaN converts to something never stored.
+      const __m512 vs = _mm512_maskz_loadu_ps(live, r.v_scale.data() + d);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, rows.data() + s * D + d), vs));
+      _mm512_mask_cvtepi32_storeu_epi8(r.v.data() + s * D + d, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, q)));
+    }
   return r;
 }
 
@@ -388,7 +411,7 @@ void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, 
   float factor[R], sum[R];
   const float* mask[R];
   for (int r = 0; r < R; ++r) {
-    const float* row = h.q + (t0 + r) * h.D;
+    const float* row = h.q + (t0 + r) * h.q_row;
     const float amax = vnni_amax(row, h.D);
     factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
     int8_t* qr = reinterpret_cast<int8_t*>(q + r * p.D4 * 4);
@@ -455,7 +478,9 @@ at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), S = k.size(2);
   TORCH_CHECK(k.size(0) == B && k.size(1) == H && k.size(3) == D && v.sizes() == k.sizes(),
               "int8_attention: k and v must be [B, H, S, D] with q's B, H and D");
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  // Rows must be contiguous; where they lie (a head split out of a projection, transposed) is free.
+  const auto rows_contiguous = [](const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); };
+  const at::Tensor qc = rows_contiguous(q), kc = rows_contiguous(k), vc = rows_contiguous(v);
   at::Tensor mask;
   if (attn_mask.has_value() && attn_mask->defined()) {
     // Additive; a boolean mask (True = attend) becomes 0 / -inf. The kernels take it to base 2 as they
@@ -478,7 +503,8 @@ at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at
   at::parallel_for(0, B * H, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / H, hh = i % H;
-      Head h{qp + i * T * D, kp + i * S * D, vp + i * S * D,
+      Head h{qp + b * qc.stride(0) + hh * qc.stride(1), kp + b * kc.stride(0) + hh * kc.stride(1),
+             vp + b * vc.stride(0) + hh * vc.stride(1), qc.stride(2), kc.stride(2), vc.stride(2),
              mp ? mp + b * mask.stride(0) + hh * mask.stride(1) : nullptr, mp ? mask.stride(2) : 0,
              op + i * T * D, T, S, D, score_scale};
 #if defined(__x86_64__)
