@@ -190,34 +190,38 @@ float vnni_amax(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(m);
 }
 
-// quantize_kv with vector loops: K one scale per head, V one per channel. The first pass over each
-// copies its rows together while it takes their maximum, and the second quantizes the copy: heads split
-// out of a projection lie rows H*D floats apart, a power of two that maps them onto a few cache sets,
-// so a second pass over the rows where they lie missed L1 and L2 on every row.
+// quantize_kv with vector loops: K one scale per head, V one per channel. Where rows are not
+// contiguous, the first pass over each copies them together while it takes their maximum, and the
+// second quantizes the copy: heads split out of a projection lie rows H*D floats apart, a power of two
+// that maps them onto a few cache sets, so a second pass over the rows where they lie missed L1 and L2
+// on every row. Contiguous rows are read where they lie, without that extra write.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 Quantized vnni_quantize_kv(const Head& h) {
   Quantized r;
   const int64_t S = h.S, D = h.D;
+  const bool copy_k = h.k_row != D, copy_v = h.v_row != D;
   thread_local std::vector<float> rows;
-  rows.resize(S * D);
+  if (copy_k || copy_v) rows.resize(S * D);
+  const float* k_rows = copy_k ? rows.data() : h.k;
   __m512 km = _mm512_setzero_ps();
   for (int64_t s = 0; s < S; ++s)
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 live = lanes(D - d);
       const __m512 x = _mm512_maskz_loadu_ps(live, h.k + s * h.k_row + d);
-      _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      if (copy_k) _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
       km = _mm512_max_ps(km, _mm512_abs_ps(x));
     }
   r.k_scale = scale_of(_mm512_reduce_max_ps(km));
   r.k.resize(S * D);
-  vnni_quantize(rows.data(), S * D, r.k_scale, r.k.data());
+  vnni_quantize(k_rows, S * D, r.k_scale, r.k.data());
+  const float* v_rows = copy_v ? rows.data() : h.v;  // K is quantized: the buffer is free for V
   const int64_t D16 = (D + 15) / 16 * 16;
   std::vector<float> vmax(D16, 0.f);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 live = lanes(D - d);
       const __m512 x = _mm512_maskz_loadu_ps(live, h.v + s * h.v_row + d);
-      _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      if (copy_v) _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
       _mm512_storeu_ps(vmax.data() + d, _mm512_max_ps(_mm512_loadu_ps(vmax.data() + d), _mm512_abs_ps(x)));
     }
   r.v_scale.resize(D);
@@ -229,7 +233,7 @@ Quantized vnni_quantize_kv(const Head& h) {
       const __mmask16 live = lanes(D - d);
       // Masked-off lanes divide 0 by 0: their NaN converts to something never stored.
       const __m512 vs = _mm512_maskz_loadu_ps(live, r.v_scale.data() + d);
-      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, rows.data() + s * D + d), vs));
+      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, v_rows + s * D + d), vs));
       _mm512_mask_cvtepi32_storeu_epi8(r.v.data() + s * D + d, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, q)));
     }
   return r;
