@@ -158,6 +158,45 @@ def test_keep_fp32_keeps_the_matching_linears(programs: dict) -> None:
     assert _call_counts(program)["aten.linear.default"] == len(kept)
 
 
+def test_convolutions_bf16_computes_every_constant_convolution_in_bf16(programs: dict) -> None:
+    """``convolutions: bf16`` gives every convolution of the estimator a BF16 weight and input, drops the
+    FP32 weights, and keeps the output close to the INT8 program's with FP32 convolutions, not equal."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.convolutions import rewrite_convolutions
+    from cosycompile.quantize.torch_dynamic.quantize import Program, rewrite_linears
+    from cosycompile.stages.common import export_program
+
+    entry = programs["flow_estimator"]
+    convs = entry["program"].graph.find_nodes(op="call_function", target=torch.ops.aten.conv1d.default)
+    gm = entry["program"].module()
+    rewrite_linears(gm, "int8")
+    fp32_convs = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.conv1d.default)
+    fp32_weights = {n.args[1].target for n in fp32_convs}
+    done = rewrite_convolutions(gm)
+    assert done["bf16_convolutions"] == len(fp32_weights) > 0 and len(fp32_convs) == len(convs)
+    program, _ = export_program(Program(gm), entry["spec"], entry["info"])
+    after = program.graph.find_nodes(op="call_function", target=torch.ops.aten.conv1d.default)
+    assert len(after) == len(fp32_convs)
+    assert all(n.args[0].meta["val"].dtype == n.args[1].meta["val"].dtype == torch.bfloat16 for n in after)
+    assert not fp32_weights & set(program.state_dict)
+    assert sum(v.dtype == torch.bfloat16 for v in program.state_dict.values()) >= len(fp32_weights)
+    int8_only, _ = _rewrite(entry, "int8")
+    with torch.no_grad():
+        want = _first(int8_only.module()(*entry["inputs"]))
+        got = _first(program.module()(*entry["inputs"]))
+    assert got.dtype == want.dtype == torch.float32
+    rel = float((want - got).norm() / want.norm())
+    assert 0 < rel < 0.02, rel
+
+
+def test_bf16_products_are_native_only_with_avx512_bf16_or_amx() -> None:
+    from cosycompile.quantize.torch_dynamic.convolutions import bf16_products_are_native
+
+    assert bf16_products_are_native({"avx512f", "avx512_bf16"}) and bf16_products_are_native({"amx_bf16"})
+    assert not bf16_products_are_native({"avx2", "avx512f", "avx512_vnni"}) and not bf16_products_are_native(set())
+
+
 def _flow_only(tmp: Path, quantize: dict, target: str = "cpu") -> Path:
     return write_recipe(tmp / "r.yaml", {
         "name": "torch-dyn", "target": target,
@@ -192,6 +231,19 @@ def test_a_cpu_without_vectorized_int8_products_is_told_so(tmp_path: Path, seed:
     assert res.stderr.count(f"warning: flow.quantize: {SCALAR_INT8_MATMUL}") == (0 if vectorized else 1), res.stderr
     entry = until_outputs(res.stdout)["flow.quantize"].parent / "entry.json"
     assert json.loads(entry.read_text())["meta"]["build_host_int8_matmul"] == ("vectorized" if vectorized else "scalar")
+
+
+@pytest.mark.slow  # a CLI build of the flow's programs
+def test_convolutions_bf16_in_a_recipe_reaches_the_program_and_warns_where_not_native(tmp_path: Path,
+                                                                                     seed: Path) -> None:
+    from cosycompile.quantize.torch_dynamic.convolutions import NO_NATIVE_BF16, bf16_products_are_native
+
+    recipe = _flow_only(tmp_path, {"format": "int8", "convolutions": "bf16"})
+    res = run_cli("build", str(recipe), "--artifacts", str(seeded(seed, tmp_path / "art")), "--until", "quantize", "-q")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.count(NO_NATIVE_BF16) == (0 if bf16_products_are_native() else 1), res.stderr
+    entry = until_outputs(res.stdout)["flow.quantize"].parent / "entry.json"
+    assert json.loads(entry.read_text())["meta"]["quantized"]["flow_estimator"]["bf16_convolutions"] > 0
 
 
 def test_only_the_int_mm_kernel_crawls_without_avx512_vnni() -> None:

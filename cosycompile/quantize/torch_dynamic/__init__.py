@@ -8,7 +8,8 @@ from the GELU's input so that the GELU is computed once) before ``torch._int_mm`
 attention products go to INT8 too, each attention one call of the project's ``cosycompile::int8_attention``
 (``attention.py``). With ``kernel: cosycompile`` each INT8 linear is
 one call of the project's ``cosycompile::int8_linear`` operator (``runtime/torch_ops``), the same
-arithmetic, which reads the weights once for a decode step's row. Convolutions and normalisations stay FP32.
+arithmetic, which reads the weights once for a decode step's row. With ``convolutions: bf16`` the
+convolutions compute in BF16 (``convolutions.py``); otherwise they stay FP32, as the normalisations do.
 No calibration data: the ranges come from each call's own activations.
 
 The programs are the same for a CPU and a GPU target except one thing CUDA's INT8 GEMM demands:
@@ -47,6 +48,10 @@ class Spec(BaseModel):
                               "by Inductor into the code around it) or 'cosycompile' (the project's operator, compiled "
                               "with the quantize step and carried in the engine dir: up to 8 rows in one AVX512-VNNI "
                               "or AVX2 pass over the weights, a blocked GEMM beyond; for decode steps on CPU targets)")
+    convolutions: Literal["fp32", "bf16"] = Field(
+        "fp32", description="precision of the quantized graphs' convolutions: bf16 stores their weights in BF16 "
+                            "and computes them in BF16, FP32 around them; for CPUs with AVX512-BF16 or AMX (slower "
+                            "than FP32 elsewhere) and GPUs")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
                                              "whose linears stay FP32")

@@ -16,6 +16,8 @@ from cosycompile.runtime.torch_programs import load_program, save_program
 from cosycompile.errors import RecipeError
 from cosycompile.quantize.graphs import quantizable_graphs, rewrite_graphs
 from cosycompile.quantize.torch_dynamic.attention import node_arg, rewrite_attention
+from cosycompile.quantize.torch_dynamic.convolutions import NO_NATIVE_BF16, bf16_products_are_native, rewrite_convolutions
+from cosycompile.quantize.torch_dynamic.fx import drop_unread, get_attr
 
 SCALAR_INT8_MATMUL = ("this CPU has no AVX512-VNNI, and torch._int_mm is vectorized only with it (PyTorch runs a "
                       "scalar loop otherwise), so INT8 torch programs run their products several times slower than "
@@ -120,7 +122,7 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
         bias = node.args[2] if len(node.args) > 2 else None
         if not isinstance(w, torch.fx.Node) or w.op != "get_attr":
             continue
-        weight = _get(gm, w.target)
+        weight = get_attr(gm, w.target)
         n, k = weight.shape
         if any(re.search(p, w.target) for p in keep_fp32):
             kept[w.target] = "keep_fp32"
@@ -150,11 +152,7 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
     # Dropout counts as impure to FX; in eval mode it is not, and a GELU folded into the linear after
     # it would otherwise stay in the graph through it.
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() and not _eval_dropout(n))
-    read = {n.target for n in graph.nodes if n.op == "get_attr"}
-    for name in done:
-        if name not in read:
-            parent, _, leaf = name.rpartition(".")
-            delattr(gm.get_submodule(parent) if parent else gm, leaf)
+    drop_unread(gm, set(done))
     gm.recompile()
     return {"quantized_linears": len(done), "kept_fp32": kept}
 
@@ -174,16 +172,9 @@ def _eval_dropout(node: torch.fx.Node) -> bool:
         and not node_arg(node, 2, "train", True)
 
 
-def _get(gm: torch.nn.Module, dotted: str) -> torch.Tensor:
-    obj: Any = gm
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def quantize(ctx: StepContext) -> dict[str, Any]:
-    """Rewrite the linears (and, with ``attention: int8``, the attention) of each chosen program; the
-    other programs are linked through."""
+    """Rewrite the linears (and, with ``attention: int8``, the attention; with ``convolutions: bf16``,
+    the convolutions) of each chosen program; the other programs are linked through."""
     from cosycompile.stages import get_stage
     from cosycompile.stages.common import export_program
 
@@ -204,6 +195,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
             result["attention"] = rewrite_attention(gm)
             ctx.log(f"{name}: {result['attention']['int8_attention']} attention nodes to int8, "
                     f"{len(result['attention']['kept_fp32'])} kept FP32")
+        if s.convolutions == "bf16":
+            result.update(rewrite_convolutions(gm))
+            ctx.log(f"{name}: {result['bf16_convolutions']} convolutions to bf16")
         program, _ = export_program(Program(gm), get_stage(stage).graph(name), src.info)
         save_program(program, dst)
         return result
@@ -223,6 +217,8 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
         if not vectorized:
             ctx.reporter.warn(f"{ctx.name}: {SCALAR_INT8_MATMUL}")
         meta["build_host_int8_matmul"] = "vectorized" if vectorized else "scalar"
+    if s.convolutions == "bf16" and not on_gpu and not bf16_products_are_native():
+        ctx.reporter.warn(f"{ctx.name}: {NO_NATIVE_BF16}")
     return meta
 
 
