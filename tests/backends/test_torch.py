@@ -113,7 +113,7 @@ def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path:
 @pytest.mark.extended
 def test_int8_attention_flow_compiles_and_holds_quality(tmp_path: Path, seed: Path) -> None:
     """recipes/cpu-torch-int8's flow (INT8 linears and INT8 attention products, the loop over heads
-    unrolled) compiled for real on the tiny model: the estimator package holds the quantized program
+    unrolled, BF16 convolutions) compiled for real on the tiny model: the estimator package holds the quantized program
     and the flow check against the PyTorch FP32 reference passes, its error above FP32 rounding."""
     recipe = write_recipe(tmp_path / "flow-int8.yaml", {
         "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-flow-int8",
@@ -134,6 +134,7 @@ def test_int8_attention_flow_compiles_and_holds_quality(tmp_path: Path, seed: Pa
     assert quantized["graphs"]["flow_estimator"]["precision"] == "int8"
     meta = json.loads((out["flow.quantize"].parent / "entry.json").read_text())["meta"]["quantized"]["flow_estimator"]
     assert meta["attention"] == {"int8_attention": 3, "kept_fp32": {}}, meta  # the tiny estimator's three blocks
+    assert meta["bf16_convolutions"] > 0, meta
 
 
 @pytest.mark.extended
