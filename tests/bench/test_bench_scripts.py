@@ -243,3 +243,21 @@ def test_pipeline_profile_splits_graph_time_from_the_rest(followup: CachedBuild,
     assert len(out["top"]) == 40 and not [r for r in out["top"] if "onnxruntime_pybind11_state.run>" in r["function"]]
     assert sum(r["own_s"] for r in out["top"]) <= out["other_s"] + 1e-6
     assert "| function (outside the graphs) |" in res.stdout
+
+
+@pytest.mark.extended  # compiles the operators of a second revision
+@pytest.mark.parametrize("workload", ["decode", "attention"])
+def test_torch_ops_ab_times_the_working_tree_against_a_revision(tmp_path: Path, workload: str) -> None:
+    """Against HEAD both sides are the same operators wherever the working tree leaves them as committed:
+    then the outputs are bit-identical; every case is timed in the pairs asked for."""
+    res = _bench("studies/torch_ops_ab.py", "--base", "HEAD", "--workload", workload, "--frames", "40", "--pairs", "1",
+                 "--min-seconds", "0", "--artifacts", str(tmp_path))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads((tmp_path / "bench" / "torch_ops_ab.json").read_text())["rows"]
+    assert len(rows) == (1 if workload == "decode" else 2)
+    assert all(r["pairs"] == 1 and r["base_ms"] > 0 and r["head_ms"] > 0 for r in rows)
+    diff = ["git", "diff", "--quiet", "HEAD", "--", "cosycompile/runtime/torch_ops"]
+    if subprocess.run(diff, cwd=REPO).returncode == 0:
+        assert all(r["bit_identical"] for r in rows), rows
+    if workload == "decode":
+        assert rows[0]["head_gb_per_s"] > 0.1

@@ -59,18 +59,13 @@ def build_library(dest_dir: Path) -> Path:
     """Compile the operators into ``dest_dir`` (written under a temporary name, then renamed, so a
     killed build leaves no half-written library); returns its path. Needs a C++ compiler (``$CXX``,
     else ``g++``), as AOTInductor does."""
-    import torch
-    from torch.utils import cpp_extension
-
     dest = dest_dir / library_name()
     if dest.exists():
         return dest
     dest_dir.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    compiler = os.environ.get("CXX", "g++")
-    cmd = [compiler, *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, SOURCES), "-o", str(tmp),
-           *(f"-L{p}" for p in cpp_extension.library_paths()), "-ltorch", "-ltorch_cpu", "-lc10"]
+    cmd = compile_command(SOURCES, tmp)
+    compiler = cmd[0]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except FileNotFoundError:
@@ -85,6 +80,16 @@ def build_library(dest_dir: Path) -> Path:
         raise UserError(f"compiling {NAMES} with {compiler} failed: {last}")
     os.replace(tmp, dest)
     return dest
+
+
+def compile_command(sources: tuple[Path, ...], out: Path) -> list[str]:
+    """The compiler command that builds ``sources`` into the shared library ``out`` against this torch."""
+    import torch
+    from torch.utils import cpp_extension
+
+    return [os.environ.get("CXX", "g++"), *FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            *(f"-I{p}" for p in cpp_extension.include_paths()), *map(str, sources), "-o", str(out),
+            *(f"-L{p}" for p in cpp_extension.library_paths()), "-ltorch", "-ltorch_cpu", "-lc10"]
 
 
 def load_library(path: Path) -> None:
