@@ -50,7 +50,7 @@ def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
     """Replace, in place, every ``aten.conv1d`` / ``aten.conv2d`` of ``gm`` whose weight is a constant
     with its BF16 form; the FP32 weights no node reads any more are dropped. Returns how many."""
     graph = gm.graph
-    done: dict[str, tuple[str, str | None]] = {}  # FP32 weight -> its BF16 weight and bias buffers
+    done: dict[str, tuple[str, str | None]] = {}  # 'weight|bias' (FP32 names) -> the BF16 buffers' names
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _CONVS:
             continue
