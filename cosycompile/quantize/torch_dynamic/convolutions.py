@@ -3,8 +3,9 @@
 A convolution with a constant weight keeps that weight (and its bias) in BF16; its input is cast to
 BF16 on the way in and its output back to FP32, so everything around it (normalisations, the
 activations, the residual sums) stays FP32, as the INT8 linears leave it. On a CPU with AVX512-BF16
-or AMX, oneDNN runs these at twice the FP32 rate or more; elsewhere PyTorch has no native BF16
-convolution and they are slower than FP32 (:func:`bf16_products_are_native`).
+or AMX, oneDNN runs these natively, faster than FP32
+(docs/bench-log/2026-12-03-gemv-stream-and-bf16-convolutions-zen4.md); elsewhere PyTorch has no
+native BF16 convolution and they are slower than FP32 (:func:`bf16_products_are_native`).
 """
 
 from __future__ import annotations

@@ -67,8 +67,9 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale
 // argument, so that the accumulators stay in registers). VPDPBUSD multiplies unsigned by signed bytes:
 // the weights are made unsigned by flipping their sign bit (w + 128), and the caller takes
 // 128 * sum(q[m]) back off. One weight row after the other, so that a pass reads the weights as one
-// sequential stream: four rows read side by side (four streams K bytes apart) ran one decode step at
-// about half the machine's read bandwidth on Zen 4, one after the other at about all of it.
+// sequential stream: four rows read side by side (four streams K bytes apart) kept a decode step well
+// below the machine's read bandwidth on Zen 4, one after the other reaches it
+// (docs/bench-log/2026-12-03-gemv-stream-and-bf16-convolutions-zen4.md).
 template <int M>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void dot_block(const int8_t* w, int64_t K, int64_t rows, const int8_t* q, int32_t acc[ROW_GROUP][4]) {
