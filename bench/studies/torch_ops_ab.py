@@ -96,7 +96,7 @@ def main() -> int:
         def step(ops):
             return [ops.int8_linear_with(x, w, s, None, args.kernel) for x, w, s in linears]
 
-        cases.append((f"decode step, {args.rows} row(s), kernel {args.kernel}", lambda ops: step(ops), mb))
+        cases.append((f"decode step, {args.rows} row(s), kernel {args.kernel}", step, mb))
     else:
         B, H, T, D = 2, 8, args.frames, 64
         q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))

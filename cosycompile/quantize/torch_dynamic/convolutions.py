@@ -11,7 +11,7 @@ native BF16 convolution and they are slower than FP32 (:func:`bf16_products_are_
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -29,22 +29,15 @@ def bf16_products_are_native(flags: set[str] | None = None) -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & (cpu_flags() if flags is None else flags))
 
 
-def bf16_conv1d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
-                dilation: Any, groups: int) -> torch.Tensor:
-    """``conv1d`` with ``w`` and ``bias`` already BF16: the input cast in, the output cast back to FP32."""
-    return torch.nn.functional.conv1d(x.to(torch.bfloat16), w, bias, stride, padding, dilation, groups).float()
+def bf16_conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
+              dilation: Any, groups: int) -> torch.Tensor:
+    """A 1-D or 2-D convolution (by ``w``'s rank) with ``w`` and ``bias`` already BF16: the input cast in,
+    the output cast back to FP32."""
+    conv = torch.nn.functional.conv1d if w.dim() == 3 else torch.nn.functional.conv2d
+    return conv(x.to(torch.bfloat16), w, bias, stride, padding, dilation, groups).float()
 
 
-def bf16_conv2d(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: Any,
-                dilation: Any, groups: int) -> torch.Tensor:
-    """:func:`bf16_conv1d` in two dimensions."""
-    return torch.nn.functional.conv2d(x.to(torch.bfloat16), w, bias, stride, padding, dilation, groups).float()
-
-
-_CONVS: dict[Any, tuple[Callable[..., torch.Tensor], int]] = {
-    torch.ops.aten.conv1d.default: (bf16_conv1d, 1),
-    torch.ops.aten.conv2d.default: (bf16_conv2d, 2),
-}
+_CONV_DIMS = {torch.ops.aten.conv1d.default: 1, torch.ops.aten.conv2d.default: 2}
 
 
 def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
@@ -53,9 +46,9 @@ def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
     graph = gm.graph
     done: dict[str, tuple[str, str | None]] = {}  # 'weight|bias' (FP32 names) -> the BF16 buffers' names
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in _CONVS:
+        if node.op != "call_function" or node.target not in _CONV_DIMS:
             continue
-        fn, dims = _CONVS[node.target]
+        dims = _CONV_DIMS[node.target]
         w = node.args[1]
         bias = node_arg(node, 2, "bias", None)
         if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
@@ -73,7 +66,7 @@ def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
         args = (node_arg(node, 3, "stride", [1] * dims), node_arg(node, 4, "padding", [0] * dims),
                 node_arg(node, 5, "dilation", [1] * dims), node_arg(node, 6, "groups", 1))
         with graph.inserting_before(node):
-            new = graph.call_function(fn, (node.args[0], graph.get_attr(w_name),
+            new = graph.call_function(bf16_conv, (node.args[0], graph.get_attr(w_name),
                                            graph.get_attr(b_name) if b_name else None, *args))
         node.replace_all_uses_with(new)
         graph.erase_node(node)
