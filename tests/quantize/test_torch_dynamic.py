@@ -106,6 +106,32 @@ def test_gpu_row_padding_changes_nothing(programs: dict, graph: str) -> None:
         assert torch.equal(x, y)
 
 
+@pytest.mark.parametrize("kernel", ["int_mm", "cosycompile"])
+def test_a_cpu_program_quantizes_the_linears_cuda_alignment_keeps(programs: dict, kernel: str,
+                                                                  torch_ops_library: Path) -> None:
+    """The decode step's output head (the speech vocabulary, not a multiple of 8) stays FP32 for CUDA's
+    kernels; a CPU program's INT8 products take any size, so there it is quantized too, and the step
+    stays close to FP32."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.quantize import Program, rewrite_linears
+    from cosycompile.stages.common import export_program
+
+    entry = programs["llm_step"]
+    _, for_cuda = _rewrite(entry, "int8", kernel=kernel)
+    assert for_cuda["kept_fp32"] and all("not a multiple" in why for why in for_cuda["kept_fp32"].values())
+    gm = entry["program"].module()
+    done = rewrite_linears(gm, "int8", kernel=kernel, aligned=False)
+    assert done["kept_fp32"] == {}
+    assert done["quantized_linears"] == for_cuda["quantized_linears"] + len(for_cuda["kept_fp32"])
+    program, _ = export_program(Program(gm), entry["spec"], entry["info"])
+    assert _call_counts(program)["aten.linear.default"] == 0
+    with torch.no_grad():
+        want = _first(entry["program"].module()(*entry["inputs"]))
+        got = _first(program.module()(*entry["inputs"]))
+    assert 0 < float((want - got).norm() / want.norm()) < 0.01
+
+
 @pytest.mark.parametrize("graph", ["llm_step", "llm_step_static", "flow_estimator"])
 def test_the_cosycompile_kernel_is_one_call_a_linear_computing_what_int_mm_does(programs: dict, graph: str,
                                                                                torch_ops_library: Path) -> None:

@@ -107,10 +107,12 @@ LINEARS: dict[str, Callable[..., torch.Tensor]] = {"int8": int8_linear, "fp8": f
 
 
 def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
-                    keep_fp32: list[str] | tuple[str, ...] = (), kernel: str = "int_mm") -> dict[str, Any]:
+                    keep_fp32: list[str] | tuple[str, ...] = (), kernel: str = "int_mm",
+                    aligned: bool = True) -> dict[str, Any]:
     """Replace, in place, every ``aten.linear`` of ``gm`` whose weight is a constant with the quantized
     linear of ``fmt`` (INT8 through ``kernel``: ``int_mm`` or ``cosycompile``, whose operator must be
-    loaded); the FP32 weights no node reads any more are dropped. Returns what was done."""
+    loaded); the FP32 weights no node reads any more are dropped. With ``aligned`` (CUDA's kernels),
+    a linear whose sizes are not multiples of ``ALIGN[fmt]`` stays FP32. Returns what was done."""
     own_op = fmt == "int8" and kernel == "cosycompile"
     graph = gm.graph
     done: dict[str, str] = {}  # FP32 weight -> prefix of its quantized buffers (shared weights once)
@@ -127,7 +129,7 @@ def rewrite_linears(gm: torch.fx.GraphModule, fmt: str, pad_rows: int = 0,
         if any(re.search(p, w.target) for p in keep_fp32):
             kept[w.target] = "keep_fp32"
             continue
-        if n % ALIGN[fmt] or k % ALIGN[fmt]:
+        if aligned and (n % ALIGN[fmt] or k % ALIGN[fmt]):
             kept[w.target] = f"{n}x{k} not a multiple of {ALIGN[fmt]}"
             continue
         if w.target not in done:
@@ -189,7 +191,9 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
 
     def one(name: str, src: GraphsDir, dst: Path) -> dict[str, Any]:
         gm = load_program(src.graph_path(name)).module()
-        result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32), s.kernel)
+        # The CPU's INT8 products (torch._int_mm, the operator) take any size; FP8 is CUDA's only.
+        result = rewrite_linears(gm, s.format, pad_rows, list(s.keep_fp32), s.kernel,
+                                 aligned=on_gpu or s.format != "int8")
         ctx.log(f"{name}: {result['quantized_linears']} linears to {s.format}, {len(result['kept_fp32'])} kept FP32")
         if s.attention == "int8":
             result["attention"] = rewrite_attention(gm)
