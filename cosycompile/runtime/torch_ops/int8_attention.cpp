@@ -190,6 +190,14 @@ float vnni_amax(const float* x, int64_t n) {
   return _mm512_reduce_max_ps(m);
 }
 
+// Rows ahead of the one being read that a strided pass asks for: heads split out of a projection lie
+// H*D floats apart, a stride the hardware prefetchers do not follow.
+constexpr int64_t PREFETCH_ROWS = 16;
+
+void prefetch_row(const float* row, int64_t D) {
+  for (int64_t d = 0; d < D; d += 16) _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T0);
+}
+
 // quantize_kv with vector loops: K one scale per head, V one per channel. Where rows are not
 // contiguous, the first pass over each copies them together while it takes their maximum, and the
 // second quantizes the copy: heads split out of a projection lie rows H*D floats apart, a power of two
@@ -202,28 +210,33 @@ Quantized vnni_quantize_kv(const Head& h) {
   const bool copy_k = h.k_row != D, copy_v = h.v_row != D;
   thread_local std::vector<float> rows;
   if (copy_k || copy_v) rows.resize(S * D);
-  const float* k_rows = copy_k ? rows.data() : h.k;
+  float* const buf = rows.data();
+  const float* k_rows = copy_k ? buf : h.k;
   __m512 km = _mm512_setzero_ps();
-  for (int64_t s = 0; s < S; ++s)
+  for (int64_t s = 0; s < S; ++s) {
+    if (s + PREFETCH_ROWS < S) prefetch_row(h.k + (s + PREFETCH_ROWS) * h.k_row, D);
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 live = lanes(D - d);
       const __m512 x = _mm512_maskz_loadu_ps(live, h.k + s * h.k_row + d);
-      if (copy_k) _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      if (copy_k) _mm512_mask_storeu_ps(buf + s * D + d, live, x);
       km = _mm512_max_ps(km, _mm512_abs_ps(x));
     }
+  }
   r.k_scale = scale_of(_mm512_reduce_max_ps(km));
   r.k.resize(S * D);
   vnni_quantize(k_rows, S * D, r.k_scale, r.k.data());
-  const float* v_rows = copy_v ? rows.data() : h.v;  // K is quantized: the buffer is free for V
+  const float* v_rows = copy_v ? buf : h.v;  // K is quantized: the buffer is free for V
   const int64_t D16 = (D + 15) / 16 * 16;
   std::vector<float> vmax(D16, 0.f);
-  for (int64_t s = 0; s < S; ++s)
+  for (int64_t s = 0; s < S; ++s) {
+    if (s + PREFETCH_ROWS < S) prefetch_row(h.v + (s + PREFETCH_ROWS) * h.v_row, D);
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 live = lanes(D - d);
       const __m512 x = _mm512_maskz_loadu_ps(live, h.v + s * h.v_row + d);
-      if (copy_v) _mm512_mask_storeu_ps(rows.data() + s * D + d, live, x);
+      if (copy_v) _mm512_mask_storeu_ps(buf + s * D + d, live, x);
       _mm512_storeu_ps(vmax.data() + d, _mm512_max_ps(_mm512_loadu_ps(vmax.data() + d), _mm512_abs_ps(x)));
     }
+  }
   r.v_scale.resize(D);
   for (int64_t d = 0; d < D; ++d) r.v_scale[d] = scale_of(vmax[d]);
   r.v.resize(S * D);
@@ -416,6 +429,7 @@ void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, 
   const float* mask[R];
   for (int r = 0; r < R; ++r) {
     const float* row = h.q + (t0 + r) * h.q_row;
+    if (t0 + R + r < h.T) prefetch_row(row + R * h.q_row, h.D);  // the next block's row
     const float amax = vnni_amax(row, h.D);
     factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
     int8_t* qr = reinterpret_cast<int8_t*>(q + r * p.D4 * 4);
