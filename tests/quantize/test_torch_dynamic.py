@@ -437,6 +437,9 @@ def test_attention_int8_rewrites_every_attention_of_the_estimator(programs: dict
     counts = _call_counts(program)
     assert counts["cosycompile.int8_attention.default"] == len(sdpa) and counts["aten._int_mm.default"] == 0
     assert not [n for n in program.graph.nodes if "scaled_dot_product" in str(n.target)]
+    # The estimator's padding mask, repeated over the query rows, reaches the operator unrepeated.
+    masks = [n.args[3].meta["val"].shape for n in program.graph.nodes if "int8_attention" in str(n.target)]
+    assert all(len(m) == 4 and m[2] == 1 for m in masks), masks
     composite = entry["program"].module()
     for node in composite.graph.nodes:  # the same rewrite onto the ATen composite, for reference
         if node.target is torch.ops.aten.scaled_dot_product_attention.default:
@@ -490,6 +493,54 @@ def test_attention_int8_rewrites_attention_whose_batch_and_heads_vary(torch_ops_
     for B, H in ((1, 2), (3, 5)):
         q, k, v = (torch.randn(B, H, 8, 16, generator=gen) for _ in range(3))
         torch.testing.assert_close(gm(q, k, v), int8_attention(q, k, v, None, 0.25), rtol=1e-4, atol=1e-5)
+
+
+def _padding_masked(mix: bool) -> Any:
+    """Attention under a padding mask [B, 1, S] repeated over the query rows and made additive, as the
+    flow estimator builds it; ``mix`` puts an op that is not elementwise after the repeat."""
+    import torch
+
+    class PaddingMasked(torch.nn.Module):
+        def forward(self, q: Any, k: Any, v: Any, keep: Any) -> Any:
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=_repeated_mask(keep, q.shape[2], mix))
+
+    return PaddingMasked()
+
+
+def _repeated_mask(keep: Any, T: int, mix: bool) -> Any:
+    import torch
+
+    rows = keep.bool().expand(-1, T, -1)
+    if mix:  # and each query row also attends to no key before it
+        rows = rows & torch.ones(T, T, dtype=torch.bool).triu()
+    return ((1.0 - rows.to(torch.float32)) * -1.0e10).unsqueeze(1)
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_attention_int8_takes_a_repeated_mask_before_its_repeat(torch_ops_library: Path, mix: bool) -> None:
+    """A mask that is an expand followed by elementwise ops reaches the operator as the tensor before
+    the expand ([B, 1, 1, S]), and the output is bit-identical to the repeated mask's; a mask with any
+    other op after the expand is passed as it is."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.attention import rewrite_attention
+
+    gen = torch.Generator().manual_seed(6)
+    B, H, T, D = 2, 3, 11, 16
+    q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
+    keep = torch.ones(B, 1, T)
+    keep[1, :, 7:] = 0  # the second item is padded
+    gm = torch.export.export(_padding_masked(mix), (q, k, v, keep)).module()
+    assert rewrite_attention(gm) == {"int8_attention": 1, "kept_fp32": {}}
+    program = torch.export.export(gm, (q, k, v, keep))
+    (op,) = [n for n in program.graph.nodes if "int8_attention" in str(n.target)]
+    assert tuple(op.args[3].meta["val"].shape) == ((B, 1, T, T) if mix else (B, 1, 1, T))
+    with torch.no_grad():
+        repeated = _repeated_mask(keep, T, mix).contiguous()
+        want = torch.ops.cosycompile.int8_attention(q, k, v, repeated, D ** -0.5)
+        got = program.module()(q, k, v, keep)
+    assert torch.equal(got, want)
+    assert float(got[1].abs().max()) > 0.1
 
 
 def test_attention_int8_for_a_gpu_target_is_one_line(tmp_path: Path) -> None:

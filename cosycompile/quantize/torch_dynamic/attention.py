@@ -106,12 +106,49 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
         if scale is None:
             scale = q.meta["val"].shape[-1] ** -0.5
         with graph.inserting_before(node):
+            mask = _before_expand(graph, mask)
             new = graph.call_function(torch.ops.cosycompile.int8_attention.default, (q, k, v, mask, float(scale)))
         node.replace_all_uses_with(new)
         graph.erase_node(node)
         done += 1
+    graph.eliminate_dead_code()
     gm.recompile()
     return {"int8_attention": done, "kept_fp32": kept}
+
+
+# Ops that map each element on its own (the other arguments are scalars or dtypes) or only insert a
+# dimension: an expand before a chain of them can move after it.
+_ELEMENTWISE = {torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default, torch.ops.aten.rsub.Scalar,
+                torch.ops.aten.mul.Tensor, torch.ops.aten.mul.Scalar, torch.ops.aten.add.Tensor,
+                torch.ops.aten.add.Scalar, torch.ops.aten.sub.Tensor, torch.ops.aten.sub.Scalar,
+                torch.ops.aten.div.Tensor, torch.ops.aten.div.Scalar, torch.ops.aten.neg.default,
+                torch.ops.aten.logical_not.default, torch.ops.aten.bitwise_not.default,
+                torch.ops.aten.unsqueeze.default}
+
+
+def _before_expand(graph: torch.fx.Graph, mask: Any) -> Any:
+    """The mask computed on the tensor an ``expand`` broadcast, where the mask is that expand followed
+    by elementwise ops: e.g. a padding mask [B, 1, S] repeated over the T query rows, then made
+    additive. The operator broadcasts a mask itself (reading one row of S for every query row), so
+    the program no longer writes T copies of it, nor the operator reads them. Else ``mask`` itself."""
+    chain = []
+    node = mask
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _ELEMENTWISE:
+        inputs = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, torch.fx.Node)]
+        if len(inputs) != 1 or inputs[0] is not node.args[0]:
+            return mask
+        chain.append(node)
+        node = node.args[0]
+    if not (chain and isinstance(node, torch.fx.Node) and node.op == "call_function"
+            and node.target is torch.ops.aten.expand.default):
+        return mask
+    source = node.args[0]
+    if "val" not in source.meta or "val" not in node.meta or source.meta["val"].dim() != node.meta["val"].dim():
+        return mask  # an expand that adds leading dimensions changes what the chain's dims index
+    value = source
+    for op in reversed(chain):
+        value = graph.call_function(op.target, (value, *op.args[1:]), dict(op.kwargs))
+    return value
 
 
 def node_arg(node: torch.fx.Node, index: int, name: str, default: Any) -> Any:
