@@ -6,6 +6,7 @@ keys fail as one line. The compiled INT8 packages are built and checked in tests
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,31 @@ def test_convolutions_bf16_computes_every_constant_convolution_in_bf16(programs:
     assert got.dtype == want.dtype == torch.float32
     rel = float((want - got).norm() / want.norm())
     assert 0 < rel < 0.02, rel
+
+
+def test_keep_fp32_keeps_the_matching_convolutions_fp32(programs: dict) -> None:
+    """With ``convolutions: bf16``, ``keep_fp32`` also names convolutions: those whose weight matches stay
+    FP32 (weight and input), the others become BF16, and the kept ones are reported."""
+    import torch
+
+    from cosycompile.quantize.torch_dynamic.convolutions import rewrite_convolutions
+    from cosycompile.quantize.torch_dynamic.quantize import Program
+    from cosycompile.stages.common import export_program
+
+    entry = programs["flow_estimator"]
+    gm = entry["program"].module()
+    weights = sorted({n.args[1].target for n in gm.graph.find_nodes(op="call_function", target=torch.ops.aten.conv1d.default)})
+    keep = weights[0].rsplit(".", 2)[0]  # the first convolution's module
+    kept = [w for w in weights if re.search(keep, w)]
+    assert 0 < len(kept) < len(weights)
+    done = rewrite_convolutions(gm, [keep])
+    assert done == {"bf16_convolutions": len(weights) - len(kept), "convolutions_kept_fp32": kept}
+    program, _ = export_program(Program(gm), entry["spec"], entry["info"])
+    dtypes = {n.args[1].meta["val"].dtype: n for n in program.graph.find_nodes(op="call_function",
+                                                                                target=torch.ops.aten.conv1d.default)}
+    assert set(dtypes) == {torch.float32, torch.bfloat16}
+    assert dtypes[torch.float32].args[0].meta["val"].dtype == torch.float32
+    assert {f"inner.{w}" for w in kept} <= set(program.state_dict)  # the Program wrapper's prefix
 
 
 def test_bf16_products_are_native_only_with_avx512_bf16_or_amx() -> None:

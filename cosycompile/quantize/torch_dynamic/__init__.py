@@ -54,7 +54,8 @@ class Spec(BaseModel):
                             "than FP32 elsewhere) and GPUs")
     keep_fp32: list[str] = Field(default_factory=list,
                                  description="regexes on weight names (as in the program, e.g. 'llm_decoder') "
-                                             "whose linears stay FP32")
+                                             "whose linears, and with convolutions: bf16 whose convolutions, "
+                                             "stay FP32")
 
     @field_validator("keep_fp32")
     @classmethod

@@ -40,11 +40,13 @@ def bf16_conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, strid
 _CONV_DIMS = {torch.ops.aten.conv1d.default: 1, torch.ops.aten.conv2d.default: 2}
 
 
-def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """Replace, in place, every ``aten.conv1d`` / ``aten.conv2d`` of ``gm`` whose weight is a constant
-    with its BF16 form; the FP32 weights no node reads any more are dropped. Returns how many."""
+def rewrite_convolutions(gm: torch.fx.GraphModule, keep_fp32: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """Replace, in place, every ``aten.conv1d`` / ``aten.conv2d`` of ``gm`` whose weight is a constant,
+    except those whose weight name matches a ``keep_fp32`` regex, with its BF16 form; the FP32 weights
+    no node reads any more are dropped. Returns how many, and the weights kept FP32."""
     graph = gm.graph
     done: dict[str, tuple[str, str | None]] = {}  # 'weight|bias' (FP32 names) -> the BF16 buffers' names
+    kept: set[str] = set()
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in _CONV_DIMS:
             continue
@@ -54,6 +56,9 @@ def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
         if not (isinstance(w, torch.fx.Node) and w.op == "get_attr"):
             continue
         if bias is not None and not (isinstance(bias, torch.fx.Node) and bias.op == "get_attr"):
+            continue
+        if any(re.search(p, w.target) for p in keep_fp32):
+            kept.add(w.target)
             continue
         key = f"{w.target}|{bias.target if bias is not None else ''}"
         if key not in done:
@@ -76,4 +81,4 @@ def rewrite_convolutions(gm: torch.fx.GraphModule) -> dict[str, Any]:
             graph.erase_node(node)
     drop_unread(gm, fp32)
     gm.recompile()
-    return {"bf16_convolutions": len(done)}
+    return {"bf16_convolutions": len(done), "convolutions_kept_fp32": sorted(kept)}

@@ -200,7 +200,7 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
             ctx.log(f"{name}: {result['attention']['int8_attention']} attention nodes to int8, "
                     f"{len(result['attention']['kept_fp32'])} kept FP32")
         if s.convolutions == "bf16":
-            result.update(rewrite_convolutions(gm))
+            result.update(rewrite_convolutions(gm, list(s.keep_fp32)))
             ctx.log(f"{name}: {result['bf16_convolutions']} convolutions to bf16")
         program, _ = export_program(Program(gm), get_stage(stage).graph(name), src.info)
         save_program(program, dst)
@@ -210,9 +210,11 @@ def quantize(ctx: StepContext) -> dict[str, Any]:
     chosen = list(s.graphs) if s.graphs is not None else (quantizable_graphs(stage) or None)
     meta = rewrite_graphs(ctx, s.format, chosen, one)
     matched = {w for r in meta["quantized"].values() for w, why in r["kept_fp32"].items() if why == "keep_fp32"}
+    matched |= {w for r in meta["quantized"].values() for w in r.get("convolutions_kept_fp32", ())}
     unmatched = [p for p in s.keep_fp32 if not any(re.search(p, w) for w in matched)]
     if unmatched:
-        raise RecipeError(f"stages.{stage}.quantize.keep_fp32: {unmatched[0]!r} matches no linear weight of "
+        what = "linear or convolution" if s.convolutions == "bf16" else "linear"
+        raise RecipeError(f"stages.{stage}.quantize.keep_fp32: {unmatched[0]!r} matches no {what} weight of "
                           f"{', '.join(meta['quantized'])}")
     # A CPU engine is compiled for, validated and mostly served on the machine that builds it, so the
     # build says so before any compile when its INT8 products will crawl here.
