@@ -466,6 +466,8 @@ def test_attention_int8_rewrites_every_attention_of_the_estimator(programs: dict
     # The estimator's padding mask, repeated over the query rows, reaches the operator unrepeated.
     masks = [n.args[3].meta["val"].shape for n in program.graph.nodes if "int8_attention" in str(n.target)]
     assert all(len(m) == 4 and m[2] == 1 for m in masks), masks
+    rsub = [n for n in entry["program"].graph.nodes if n.target is torch.ops.aten.rsub.Scalar]
+    assert rsub and len(program.graph.find_nodes(op="call_function", target=torch.ops.aten.rsub.Scalar)) == len(rsub)
     composite = entry["program"].module()
     for node in composite.graph.nodes:  # the same rewrite onto the ATen composite, for reference
         if node.target is torch.ops.aten.scaled_dot_product_attention.default:

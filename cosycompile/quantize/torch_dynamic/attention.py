@@ -93,6 +93,7 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
     replaced and why the others were kept."""
     graph = gm.graph
     done, kept = 0, {}
+    rebuilt: dict[Any, Any] = {}  # a node of a mask's chain -> its form before the expand (shared by blocks)
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target is not torch.ops.aten.scaled_dot_product_attention.default:
             continue
@@ -106,7 +107,7 @@ def rewrite_attention(gm: torch.fx.GraphModule) -> dict[str, Any]:
         if scale is None:
             scale = q.meta["val"].shape[-1] ** -0.5
         with graph.inserting_before(node):
-            mask = _before_expand(graph, mask)
+            mask = _before_expand(graph, mask, rebuilt)
             new = graph.call_function(torch.ops.cosycompile.int8_attention.default, (q, k, v, mask, float(scale)))
         node.replace_all_uses_with(new)
         graph.erase_node(node)
@@ -126,11 +127,12 @@ _ELEMENTWISE = {torch.ops.aten.to.dtype, torch.ops.aten._to_copy.default, torch.
                 torch.ops.aten.unsqueeze.default}
 
 
-def _before_expand(graph: torch.fx.Graph, mask: Any) -> Any:
+def _before_expand(graph: torch.fx.Graph, mask: Any, rebuilt: dict[Any, Any]) -> Any:
     """The mask computed on the tensor an ``expand`` broadcast, where the mask is that expand followed
     by elementwise ops: e.g. a padding mask [B, 1, S] repeated over the T query rows, then made
     additive. The operator broadcasts a mask itself (reading one row of S for every query row), so
-    the program no longer writes T copies of it, nor the operator reads them. Else ``mask`` itself."""
+    the program no longer writes T copies of it, nor the operator reads them. Else ``mask`` itself.
+    ``rebuilt`` maps the chain's nodes already moved (for other attentions) to their new form."""
     chain = []
     node = mask
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target in _ELEMENTWISE:
@@ -147,7 +149,9 @@ def _before_expand(graph: torch.fx.Graph, mask: Any) -> Any:
         return mask  # an expand that adds leading dimensions changes what the chain's dims index
     value = source
     for op in reversed(chain):
-        value = graph.call_function(op.target, (value, *op.args[1:]), dict(op.kwargs))
+        if op not in rebuilt:
+            rebuilt[op] = graph.call_function(op.target, (value, *op.args[1:]), dict(op.kwargs))
+        value = rebuilt[op]
     return value
 
 
