@@ -31,9 +31,11 @@
 #include <immintrin.h>
 
 #include "vnni.h"
+using cosycompile_ops::amax_avx512;
 using cosycompile_ops::dpbusd;
 using cosycompile_ops::has_avx512_vnni;
 using cosycompile_ops::lanes;
+using cosycompile_ops::quantize_avx512;
 #endif
 
 namespace {
@@ -167,29 +169,6 @@ void portable_head(const Head& h) {
 }
 
 #if defined(__x86_64__)
-// x[0 .. n) / s rounded half to even (the default rounding mode, as torch.round) and clamped to
-// [-127, 127], as quantize() does one value.
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-void vnni_quantize(const float* x, int64_t n, float s, int8_t* out) {
-  const __m512 vs = _mm512_set1_ps(s);
-  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 live = lanes(n - i);
-    const __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, x + i), vs));
-    _mm512_mask_cvtepi32_storeu_epi8(out + i, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, r)));
-  }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
-float vnni_amax(const float* x, int64_t n) {
-  __m512 m = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 live = lanes(n - i);
-    m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_maskz_loadu_ps(live, x + i)));
-  }
-  return _mm512_reduce_max_ps(m);
-}
-
 // Rows ahead of the one being read that a strided pass asks for: heads split out of a projection lie
 // H*D floats apart, a stride the hardware prefetchers do not follow.
 constexpr int64_t PREFETCH_ROWS = 16;
@@ -224,7 +203,7 @@ Quantized vnni_quantize_kv(const Head& h) {
   }
   r.k_scale = scale_of(_mm512_reduce_max_ps(km));
   r.k.resize(S * D);
-  vnni_quantize(k_rows, S * D, r.k_scale, r.k.data());
+  quantize_avx512(k_rows, S * D, r.k_scale, r.k.data());
   const float* v_rows = copy_v ? buf : h.v;  // K is quantized: the buffer is free for V
   const int64_t D16 = (D + 15) / 16 * 16;
   std::vector<float> vmax(D16, 0.f);
@@ -430,10 +409,10 @@ void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, 
   for (int r = 0; r < R; ++r) {
     const float* row = h.q + (t0 + r) * h.q_row;
     if (t0 + R + r < h.T) prefetch_row(row + R * h.q_row, h.D);  // the next block's row
-    const float amax = vnni_amax(row, h.D);
+    const float amax = amax_avx512(row, h.D);
     factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
     int8_t* qr = reinterpret_cast<int8_t*>(q + r * p.D4 * 4);
-    vnni_quantize(row, h.D, scale_of(amax), qr);
+    quantize_avx512(row, h.D, scale_of(amax), qr);
     std::fill(qr + h.D, qr + p.D4 * 4, int8_t{0});
     for (int64_t d = 0; d < p.D4 * 4; ++d) q[r * p.D4 * 4 + d] ^= 0x80;  // q + 128 as an unsigned byte
     mask[r] = h.mask ? h.mask + (t0 + r) * h.mask_row_stride : nullptr;

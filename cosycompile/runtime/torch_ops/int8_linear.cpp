@@ -28,8 +28,10 @@
 #include <immintrin.h>
 
 #include "vnni.h"
+using cosycompile_ops::amax_avx512;
 using cosycompile_ops::dpbusd;
 using cosycompile_ops::has_avx512_vnni;
+using cosycompile_ops::quantize_avx512;
 #endif
 
 namespace {
@@ -43,23 +45,58 @@ constexpr int64_t ROW_GROUP_AVX2 = 2;
 
 enum class Kernel { vnni, avx2, int_mm, fp32 };
 
+// Rows of x quantized, or of a product rescaled, per task of at::parallel_for: a decode step's one row
+// runs on the calling thread, a prefill's rows on all of them.
+constexpr int64_t ROWS_PER_TASK = 16;
+
 // Each row of x [M, K] as INT8 (round half to even, clamp to +-127, as torch.round does), its scale,
 // and 128 times the sum of its INT8 values (the offset the unsigned operand of VPDPBUSD adds).
 void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* offset) {
-  for (int64_t m = 0; m < M; ++m) {
-    const float* row = x + m * K;
-    float amax = 0.f;
-    for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
-    const float s = std::max(amax, 1e-8f) / 127.f;
-    int32_t sum = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      const float v = std::min(127.f, std::max(-127.f, std::nearbyint(row[k] / s)));
-      q[m * K + k] = static_cast<int8_t>(v);
-      sum += static_cast<int32_t>(v);
+  at::parallel_for(0, M, ROWS_PER_TASK, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* row = x + m * K;
+#if defined(__x86_64__)
+      if (has_avx512_vnni()) {
+        const float s = std::max(amax_avx512(row, K), 1e-8f) / 127.f;
+        scale[m] = s;
+        offset[m] = 128 * quantize_avx512(row, K, s, q + m * K);
+        continue;
+      }
+#endif
+      float amax = 0.f;
+      for (int64_t k = 0; k < K; ++k) amax = std::max(amax, std::fabs(row[k]));
+      const float s = std::max(amax, 1e-8f) / 127.f;
+      int32_t sum = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const float v = std::min(127.f, std::max(-127.f, std::nearbyint(row[k] / s)));
+        q[m * K + k] = static_cast<int8_t>(v);
+        sum += static_cast<int32_t>(v);
+      }
+      scale[m] = s;
+      offset[m] = 128 * sum;
     }
-    scale[m] = s;
-    offset[m] = 128 * sum;
-  }
+  });
+}
+
+// A float that may lie where an INT32 was read (strict aliasing would let the compiler assume not).
+typedef float __attribute__((__may_alias__)) aliasing_float;
+
+// y[m][n] = acc[m][n] * xs[m] * ws[n] (+ bias[n]), in that order (the composite's), for the blocked
+// GEMMs' products: one pass, in place where y is acc (an INT32 product rewritten as floats).
+template <typename T>
+void rescale_rows(const T* acc, int64_t M, int64_t N, const float* xs, const float* ws, const float* bias,
+                  aliasing_float* y) {
+  at::parallel_for(0, M, ROWS_PER_TASK, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const T* a = acc + m * N;
+      aliasing_float* out = y + m * N;
+      const float s = xs[m];
+      if (bias)
+        for (int64_t n = 0; n < N; ++n) out[n] = static_cast<float>(a[n]) * s * ws[n] + bias[n];
+      else
+        for (int64_t n = 0; n < N; ++n) out[n] = static_cast<float>(a[n]) * s * ws[n];
+    }
+  });
 }
 
 #if defined(__x86_64__)
@@ -222,10 +259,15 @@ at::Tensor run_int8_linear(const at::Tensor& x, const at::Tensor& w_q, const at:
     return y.view(out_shape);
   }
 #endif
-  at::Tensor y = kernel == Kernel::int_mm ? at::_int_mm(q, w.t()).to(at::kFloat)
-                                           : at::mm(q.to(at::kFloat), w.to(at::kFloat).t());
-  y.mul_(xs).mul_(ws);
-  if (b.defined()) y.add_(b);
+  if (kernel == Kernel::int_mm) {
+    // The INT32 product becomes the output in place: same element size, one pass instead of four.
+    at::Tensor acc = at::_int_mm(q, w.t()).contiguous();
+    aliasing_float* y = reinterpret_cast<aliasing_float*>(acc.data_ptr<int32_t>());
+    rescale_rows(acc.data_ptr<int32_t>(), M, N, xs.data_ptr<float>(), ws.data_ptr<float>(), bias_ptr, y);
+    return acc.view(at::kFloat).view(out_shape);
+  }
+  at::Tensor y = at::mm(q.to(at::kFloat), w.to(at::kFloat).t()).contiguous();
+  rescale_rows(y.data_ptr<float>(), M, N, xs.data_ptr<float>(), ws.data_ptr<float>(), bias_ptr, y.data_ptr<float>());
   return y.view(out_shape);
 }
 

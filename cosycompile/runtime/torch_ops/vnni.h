@@ -29,5 +29,33 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline __m
   return acc;
 }
 
+// max |x[0 .. n)|. A NaN is passed over, as std::max(amax, std::fabs(x)) passes it over: VMAXPS
+// returns its second operand when either is NaN.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline float amax_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = lanes(n - i);
+    m = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(live, x + i)), m);
+  }
+  return _mm512_reduce_max_ps(m);
+}
+
+// x[0 .. n) / s rounded half to even (the default rounding mode, as torch.round and std::nearbyint) and
+// clamped to [-127, 127] into out; returns the sum of those INT8 values.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline int32_t quantize_avx512(const float* x, int64_t n, float s,
+                                                                                      int8_t* out) {
+  const __m512 vs = _mm512_set1_ps(s);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  __m512i sum = _mm512_setzero_si512();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 live = lanes(n - i);
+    const __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, x + i), vs));
+    const __m512i q = _mm512_maskz_mov_epi32(live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, r)));
+    sum = _mm512_add_epi32(sum, q);
+    _mm512_mask_cvtepi32_storeu_epi8(out + i, live, q);
+  }
+  return _mm512_reduce_add_epi32(sum);
+}
+
 }  // namespace cosycompile_ops
 #endif
