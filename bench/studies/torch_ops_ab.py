@@ -8,11 +8,12 @@ Workloads:
 - ``decode``: one decode step's linears of the 0.5B LM (the shapes of ``int8_linear_stream.py``),
   ``--rows`` rows, through ``int8_linear_with`` and ``--kernel``; reported with the weights' read rate;
 - ``attention``: one flow-estimator attention (batch 2, 8 heads of 64, ``--frames`` frames) through
-  ``int8_attention``, on contiguous heads and on heads as the projections leave them.
+  ``int8_attention``, on contiguous heads and on heads as the projections leave them, with the
+  estimator's padding mask (``--mask padding``) or a mask row per query (``--mask row``).
 Each says whether the two builds' outputs are bit-identical.
 
 Usage: python bench/studies/torch_ops_ab.py --base REV [--workload decode|attention] [--rows 1]
-       [--kernel vnni] [--frames 632] [--threads 2] [--pairs 15] [--min-seconds 20]
+       [--kernel vnni] [--frames 632] [--mask padding] [--threads 2] [--pairs 15] [--min-seconds 20]
 Writes artifacts/bench/torch_ops_ab.json and prints a Markdown table.
 """
 
@@ -68,6 +69,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1, help="decode: rows per linear (the batch)")
     ap.add_argument("--kernel", default="vnni", help="decode: the int8_linear kernel (vnni, avx2, int_mm, fp32)")
     ap.add_argument("--frames", type=int, default=632, help="attention: frames of the estimator's attention")
+    ap.add_argument("--mask", choices=("padding", "row"), default="padding",
+                    help="attention: one mask row for all queries ([B, 1, 1, S], the estimator's) or one per query")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--min-seconds", type=float, default=20.0)
@@ -100,11 +103,13 @@ def main() -> int:
     else:
         B, H, T, D = 2, 8, args.frames, 64
         q, k, v = (torch.randn(B, H, T, D, generator=gen) for _ in range(3))
-        mask = torch.zeros(B, 1, T, T)
+        # The padding mask as the estimator passes it ([B, 1, 1, S], one row for every query), or one
+        # row per query ([B, 1, T, S], as it passed it before the quantizer moved its expand).
+        mask = torch.zeros(B, 1, 1 if args.mask == "padding" else T, T)
         projected = [x.transpose(1, 2).reshape(B, T, H * D).view(B, T, H, D).transpose(1, 2) for x in (q, k, v)]
-        cases.append((f"attention, {T} frames, contiguous heads",
+        cases.append((f"attention, {T} frames, {args.mask} mask, contiguous heads",
                       lambda ops: ops.int8_attention(q, k, v, mask, D ** -0.5), None))
-        cases.append((f"attention, {T} frames, projected heads",
+        cases.append((f"attention, {T} frames, {args.mask} mask, projected heads",
                       lambda ops: ops.int8_attention(*projected, mask, D ** -0.5), None))
     rows = []
     for name, work, mb in cases:

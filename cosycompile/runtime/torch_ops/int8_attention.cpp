@@ -232,8 +232,8 @@ Quantized vnni_quantize_kv(const Head& h) {
 }
 
 // K and V in the layouts the VNNI kernel reads, both zero-padded: K as [S/16][D/4][16 keys][4 bytes]
-// with 128 times each key's sum (the offset the query's unsigned bytes q + 128 add), V as
-// [S/4][D'][4 keys] with D' the channels rounded up to 16.
+// with -128 times each key's sum (the accumulators start from it, which takes back the offset the
+// query's unsigned bytes q + 128 add), V as [S/4][D'][4 keys] with D' the channels rounded up to 16.
 struct Packed {
   int64_t S16, D4, S4, DP;
   std::vector<int8_t> k, v;
@@ -262,7 +262,7 @@ Packed pack(const Head& h, const Quantized& kv) {
     for (; d < h.D; ++d) dst[(d / 4) * 64 + d % 4] = src[d];
     int32_t sum = 0;
     for (int64_t i = 0; i < h.D; ++i) sum += src[i];
-    p.k_offset[s] = 128 * sum;
+    p.k_offset[s] = -128 * sum;
   }
   p.v.assign(p.S4 * p.DP * 4, 0);
   for (int64_t s0 = 0; s0 < h.S; s0 += 4) {
@@ -291,18 +291,31 @@ Packed pack(const Head& h, const Quantized& kv) {
   return p;
 }
 
-// Scores of R query rows (unsigned bytes q + 128, D4 dwords each) against every key, rescaled, masked
-// and in base 2, into scores[r][0 .. 16 S16) (past S they are -inf), and each row's maximum.
+// The mask row in base 2 as the scores add it (mask * log2(e), 0 without a mask), and -inf past S:
+// 16 S16 floats. Rows that share a mask row share this one.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void vnni_bias(const float* mask, int64_t S, int64_t S16, float* bias) {
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), log2e = _mm512_set1_ps(LOG2E_F);
+  for (int64_t j = 0; j < S16; ++j) {
+    const __mmask16 live = lanes(S - j * 16);
+    const __m512 b = mask ? _mm512_mul_ps(_mm512_maskz_loadu_ps(live, mask + j * 16), log2e) : _mm512_setzero_ps();
+    _mm512_storeu_ps(bias + j * 16, _mm512_mask_blend_ps(live, minus_inf, b));
+  }
+}
+
+// Scores of R query rows (unsigned bytes q + 128, D4 dwords each) against every key, rescaled, plus
+// each row's bias (vnni_bias), into scores[r][0 .. 16 S16) (past S they are -inf), and each row's
+// maximum.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* factor, const float* const* mask,
-                 float* scores, int64_t stride, float* row_max) {
-  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity()), log2e = _mm512_set1_ps(LOG2E_F);
+void vnni_scores(const Packed& p, const uint8_t* q, const float* factor, const float* const* bias, float* scores,
+                 int64_t stride, float* row_max) {
   __m512 vmax[R];
-  for (int r = 0; r < R; ++r) vmax[r] = minus_inf;
+  for (int r = 0; r < R; ++r) vmax[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < p.S16; ++j) {
+    const __m512i start = _mm512_loadu_si512(p.k_offset.data() + j * 16);
     __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    for (int r = 0; r < R; ++r) acc[r] = start;
     const int8_t* kb = p.k.data() + j * p.D4 * 64;
     for (int64_t dd = 0; dd < p.D4; ++dd) {
       const __m512i kv = _mm512_loadu_si512(kb + dd * 64);
@@ -312,12 +325,9 @@ void vnni_scores(const Packed& p, int64_t S, const uint8_t* q, const float* fact
         acc[r] = dpbusd(acc[r], _mm512_set1_epi32(four), kv);
       }
     }
-    const __m512i offset = _mm512_loadu_si512(p.k_offset.data() + j * 16);
-    const __mmask16 live = lanes(S - j * 16);
     for (int r = 0; r < R; ++r) {
-      __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r], offset)), _mm512_set1_ps(factor[r]));
-      if (mask[r]) sc = _mm512_add_ps(sc, _mm512_mul_ps(_mm512_maskz_loadu_ps(live, mask[r] + j * 16), log2e));
-      sc = _mm512_mask_blend_ps(live, minus_inf, sc);
+      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(factor[r])),
+                                      _mm512_loadu_ps(bias[r] + j * 16));
       vmax[r] = _mm512_max_ps(vmax[r], sc);
       _mm512_storeu_ps(scores + r * stride + j * 16, sc);
     }
@@ -399,26 +409,37 @@ void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D
   }
 }
 
+// Rows t0 .. t0 + R of the head. shared_bias is every row's bias where the rows share one mask row (or
+// have none); else each row's is made in row_bias.
 template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
-void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, uint8_t* q, float* scores,
-               uint8_t* probs, int32_t* acc) {
-  const int64_t score_stride = p.S16 * 16, prob_stride = std::max(p.S16 * 16, p.S4 * 4);
+void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, const float* shared_bias,
+               float* row_bias, uint8_t* q, float* scores, uint8_t* probs, int32_t* acc) {
+  const int64_t score_stride = p.S16 * 16, prob_stride = std::max(p.S16 * 16, p.S4 * 4), q_bytes = p.D4 * 4;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   float factor[R], sum[R];
-  const float* mask[R];
+  const float* bias[R];
   for (int r = 0; r < R; ++r) {
     const float* row = h.q + (t0 + r) * h.q_row;
     if (t0 + R + r < h.T) prefetch_row(row + R * h.q_row, h.D);  // the next block's row
     const float amax = amax_avx512(row, h.D);
     factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
-    int8_t* qr = reinterpret_cast<int8_t*>(q + r * p.D4 * 4);
+    int8_t* qr = reinterpret_cast<int8_t*>(q + r * q_bytes);
     quantize_avx512(row, h.D, scale_of(amax), qr);
-    std::fill(qr + h.D, qr + p.D4 * 4, int8_t{0});
-    for (int64_t d = 0; d < p.D4 * 4; ++d) q[r * p.D4 * 4 + d] ^= 0x80;  // q + 128 as an unsigned byte
-    mask[r] = h.mask ? h.mask + (t0 + r) * h.mask_row_stride : nullptr;
+    std::fill(qr + h.D, qr + q_bytes, int8_t{0});
+    for (int64_t d = 0; d < q_bytes; d += 64) {  // q + 128 as an unsigned byte
+      const __mmask64 live = q_bytes - d >= 64 ? ~__mmask64(0) : (__mmask64(1) << (q_bytes - d)) - 1;
+      _mm512_mask_storeu_epi8(qr + d, live, _mm512_xor_si512(_mm512_maskz_loadu_epi8(live, qr + d), flip));
+    }
+    if (shared_bias) {
+      bias[r] = shared_bias;
+    } else {
+      vnni_bias(h.mask + (t0 + r) * h.mask_row_stride, h.S, p.S16, row_bias + r * score_stride);
+      bias[r] = row_bias + r * score_stride;
+    }
   }
   float row_max[R];
-  vnni_scores<R>(p, h.S, q, factor, mask, scores, score_stride, row_max);
+  vnni_scores<R>(p, q, factor, bias, scores, score_stride, row_max);
   for (int r = 0; r < R; ++r)
     sum[r] = vnni_probabilities(scores + r * score_stride, p.S16, row_max[r], probs + r * prob_stride);
   for (int r0 = 0; r0 < R; r0 += PV_ROWS) {
@@ -442,16 +463,26 @@ void vnni_head(const Head& h) {
   std::vector<float> scores(ROWS * p.S16 * 16);
   std::vector<uint8_t> probs(ROWS * prob_stride, 0);  // the bytes past S stay 0 for P.V's last group
   std::vector<int32_t> acc(ROWS * p.DP);
+  // One bias row for the head where no row has a mask row of its own (the estimator's padding mask
+  // reaches the operator as [B, 1, 1, S]), else one per row of a block.
+  const bool shared = h.mask == nullptr || h.mask_row_stride == 0;
+  std::vector<float> bias((shared ? 1 : ROWS) * p.S16 * 16);
+  if (shared) vnni_bias(h.mask, h.S, p.S16, bias.data());
+  const float* shared_bias = shared ? bias.data() : nullptr;
+  float* row_bias = shared ? nullptr : bias.data();
+  const auto rows = [&]<int R>(int64_t t0) {
+    vnni_rows<R>(h, kv, p, t0, shared_bias, row_bias, q.data(), scores.data(), probs.data(), acc.data());
+  };
   int64_t t = 0;
-  for (; t + ROWS <= h.T; t += ROWS) vnni_rows<ROWS>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data());
+  for (; t + ROWS <= h.T; t += ROWS) rows.template operator()<ROWS>(t);
   switch (h.T - t) {
-    case 7: vnni_rows<7>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 6: vnni_rows<6>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 5: vnni_rows<5>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 4: vnni_rows<4>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 3: vnni_rows<3>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 2: vnni_rows<2>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
-    case 1: vnni_rows<1>(h, kv, p, t, q.data(), scores.data(), probs.data(), acc.data()); break;
+    case 7: rows.template operator()<7>(t); break;
+    case 6: rows.template operator()<6>(t); break;
+    case 5: rows.template operator()<5>(t); break;
+    case 4: rows.template operator()<4>(t); break;
+    case 3: rows.template operator()<3>(t); break;
+    case 2: rows.template operator()<2>(t); break;
+    case 1: rows.template operator()<1>(t); break;
     default: break;
   }
 }
