@@ -44,11 +44,29 @@ def export_programs(ctx: StepContext) -> dict[str, Any]:
 
     def write(spec: Any, module: Any, info: dict[str, Any]) -> tuple[str, dict[str, int]]:
         path = ctx.out / f"{spec.name}.pt2"
+        bake_parametrizations(module)
         program, mins = export_program(module, spec, info)
         save_program(program, path)
         return path.name, mins
 
     return _export_graphs(ctx, ctx.params["stage"], write, fmt="torch.export")
+
+
+def bake_parametrizations(module: Any) -> int:
+    """Replace, in place, every parametrized tensor of ``module`` (HiFT's weight norm) by a plain
+    parameter holding its value; returns how many. Exported as they are, such weights are computed
+    in the program from their parts on every call, so a quantizer that rewrites the layers whose
+    weights are constants (torch_dynamic's BF16 convolutions) passes over them; Inductor's freezing
+    would fold the computation anyway, so the FP32 engine computes the same."""
+    from torch.nn.utils import parametrize
+
+    baked = 0
+    for m in module.modules():
+        if parametrize.is_parametrized(m):
+            for name in list(m.parametrizations):
+                parametrize.remove_parametrizations(m, name, leave_parametrized=True)
+                baked += 1
+    return baked
 
 
 def program_dynamic_shapes(spec: Any, info: dict[str, Any], auto: frozenset[str] = frozenset(),
