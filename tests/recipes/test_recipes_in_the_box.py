@@ -39,8 +39,9 @@ def _reduced_precision(stage: object) -> bool:
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
 def test_reduced_precision_recipes_do_not_keep_fp32_limits(path: Path) -> None:
     """base.yaml's limits are an FP32 build's (logits within 1e-3, every greedy token equal, estimator
-    within 1e-3). A recipe whose LLM or flow computes below FP32 cannot pass them on any machine, so it
-    must switch them off and gate on what such a build keeps; the GPU recipes once inherited them."""
+    within 1e-3), and so is cpu-fp32.yaml's rule of identical pipeline tokens. A recipe whose LLM or
+    flow computes below FP32 cannot pass them on any machine, so it must switch them off and gate on
+    what such a build keeps; the GPU recipes once inherited them, and cpu-torch-int8 the pipeline's."""
     from cosycompile.recipe.schema import load_recipe
 
     recipe = load_recipe(path)
@@ -48,6 +49,8 @@ def test_reduced_precision_recipes_do_not_keep_fp32_limits(path: Path) -> None:
     if "llm" in recipe.enabled_stages() and _reduced_precision(recipe.stages["llm"]):
         assert gate.max.get("llm.max_abs_logit_error") is None and gate.min.get("llm.greedy_identical_ratio") is None
         assert gate.min.get("llm.logit_cosine") is not None
+        # The pipeline's tokens are the LLM's greedy tokens: the same FP32-only rule, end to end.
+        assert gate.min.get("pipeline.tokens_identical_ratio") is None
     if "flow" in recipe.enabled_stages() and _reduced_precision(recipe.stages["flow"]):
         assert (gate.max.get("flow.estimator_max_abs_error") or 1.0) > 1e-3
         assert gate.min.get("flow.mel_snr_db") is not None
