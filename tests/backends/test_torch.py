@@ -229,7 +229,7 @@ def test_second_build_is_all_cached(torch_build: tuple[Path, Path, Path]) -> Non
 
 @pytest.mark.extended
 def test_int8_llm_and_bf16_flow_compile_and_hold_quality(torch_build: tuple[Path, Path, Path]) -> None:
-    """recipes/cpu-torch-int8 with the flow cast to BF16 (cpu-amx's flow) on the tiny model: torch_dynamic's
+    """recipes/cpu-torch-int8 with the flow cast to BF16 (cpu-amx's flow) and HiFT FP32 on the tiny model: torch_dynamic's
     INT8 LLM program and torch_autocast's BF16 flow programs compile to packages that pass the stage checks
     against the PyTorch FP32 reference, timed against the FP32 packages. One build holds both quantizers'
     compiles (the flow's INT8 program is checked in tests/quantize/test_torch_dynamic.py; its package is
@@ -237,7 +237,7 @@ def test_int8_llm_and_bf16_flow_compile_and_hold_quality(torch_build: tuple[Path
     art, recipe, bundle = torch_build
     mixed = write_recipe(recipe.parent / "int8-bf16.yaml", {
         "extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"), "name": "torch-int8-bf16",
-        "stages": {"flow": {"quantize": {"format": "bf16"}}},
+        "stages": {"flow": {"quantize": {"format": "bf16"}}, "hift": {"quantize": {"format": "fp32"}}},
         "validation": {"max_items": 2, "sampling": {"mode": "greedy", "seed": 0, "max_tokens": 120},
                        "speed": {"runs": 1, "throughput": []}},
     }, base=False)
