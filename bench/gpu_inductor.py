@@ -476,6 +476,17 @@ def _tilings() -> dict[str, Any]:
         "op-w4-pdl": replace(one, num_warps=4, pdl=True),
         "op-gu16-pdl": replace(one, gate_up_rows=16, pdl=True),
         "op-split2-pdl": replace(one, o_k=512, o_split=2, down_split=2, pdl=True),
+        # Three launches a layer: attention with o_proj, the MLP with down_proj (fo-/fm- one of the two,
+        # the other as op-split2-pdl); then rows per fused program halved or doubled.
+        "f3": replace(one, fuse_o=True, fuse_mlp=True),
+        "f3-pdl": replace(one, fuse_o=True, fuse_mlp=True, pdl=True),
+        "fo-pdl": replace(one, fuse_o=True, down_split=2, pdl=True),
+        "fm-pdl": replace(one, fuse_mlp=True, o_k=512, o_split=2, pdl=True),
+        "f3-pdl-m8": replace(one, fuse_o=True, fuse_mlp=True, mlp_rows=8, pdl=True),
+        "f3-pdl-m32": replace(one, fuse_o=True, fuse_mlp=True, mlp_rows=32, pdl=True),
+        "f3-pdl-o64": replace(one, fuse_o=True, fuse_o_rows=64, fuse_mlp=True, pdl=True),
+        "f3-pdl-o256": replace(one, fuse_o=True, fuse_o_rows=256, fuse_mlp=True, pdl=True),
+        "f3-pdl-w4": replace(one, fuse_o=True, fuse_mlp=True, mlp_sub=4, num_warps=4, pdl=True),
     }
 
 

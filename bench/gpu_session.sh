@@ -89,13 +89,13 @@ for piece in $PIECES; do
       # own logit cosine, and the others do not use them.
       run fused-test 110 python3 -m pytest -q -p no:cacheprovider -m gpu -x tests/backends/test_fused_decode.py \
         -k compiled_kernels || { note "fused: kernels failed their CUDA check, bench skipped"; continue; }
-      run fused-test-split-pdl 90 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/test_fused_decode.py \
-        -k dependent_launches
+      run fused-test-split-pdl 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/backends/test_fused_decode.py \
+        -k "dependent_launches or fused_attention"
       # The tilings at batch 1 (the default is the first H200 lease's fastest), then the fastest of
       # them at batch 8, in FP8 and INT8, and in the pipeline.
-      sweep=default,op-pdl,op-split,op-split-pdl,op-narrow,op-narrow-pdl,op-w4,op-w4-pdl,op-gu16-pdl,op-split2-pdl
+      sweep=${FUSED_SWEEP:-default,op-split2-pdl,f3,f3-pdl,fo-pdl,fm-pdl,f3-pdl-m8,f3-pdl-m32,f3-pdl-o64,f3-pdl-o256,f3-pdl-w4}
       run fused 560 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
-        --phases "${FUSED_PHASES:-$(echo "$sweep" | sed 's/\([^,]*\)/format=fused-bf16\/\1@1/g'),format=fused-bf16/best@8,format=fused-fp8/best,format=fused-int8/best@1,pipeline}" \
+        --phases "${FUSED_PHASES:-$(echo "$sweep" | sed 's/\([^,]*\)/format=fused-bf16\/\1@1/g'),format=fused-bf16/best@8,format=fused-fp8/best,pipeline,format=fused-int8/best@1}" \
         --pipeline-llm fused-bf16/best --budget $(($(left) < 560 ? $(left) - 40 : 520))
       cp "$ART/bench/gpu_inductor-cuda.json" "$LOGS/gpu_inductor-cuda-fused.json" 2>/dev/null ;;
     bound)

@@ -12,7 +12,13 @@ few microseconds. Here each layer is
 5. down_proj + the residual add;
 
 and the head is one more (RMSNorm + product + bias): 5 L + 2 launches a token; :class:`Tiling`
-says how each launch is cut into programs. The residual stream stays float32 between kernels;
+says how each launch is cut into programs. With ``Tiling(fuse_o=True)`` kernels 2 and 3 are one:
+each program attends for one head and adds that head's share of o_proj to a block of the residual
+(the attention is recomputed once per row block, from L2). With ``fuse_mlp=True`` kernels 4 and 5 are
+one: each program makes a block of the MLP's intermediate rows and adds their share of down_proj to
+the whole residual (down_proj kept transposed, so that a block's columns are contiguous rows). Both
+sum across programs with atomic adds, so the sum's order, and its last bits, vary from run to run;
+with both a layer is 3 launches. The residual stream stays float32 between kernels;
 weights are BF16, or FP8 (e4m3) / INT8 with one scale per output row (weight-only: the activations
 stay float32, so a step reads half the weight bytes). The cache keeps the step's dtype.
 
@@ -52,7 +58,11 @@ class Tiling:
     row block, each adding its part into the residual stream atomically (more programs in flight for
     matrices of few rows; the sum's order, so its last bits, then varies from run to run). ``pdl``
     launches every kernel as a programmatic dependent launch (Hopper on): each waits for its
-    predecessor inside the kernel, so the launch overlaps the previous kernel's tail."""
+    predecessor inside the kernel, so the launch overlaps the previous kernel's tail.
+
+    ``fuse_o`` / ``fuse_mlp`` (see the module's docstring): ``fuse_o_rows`` residual rows per fused
+    attention program; ``mlp_rows`` intermediate rows per fused MLP program, made ``mlp_sub`` at a
+    time."""
 
     # The defaults read a whole 896-wide row of the 0.5B LM per loop turn, the fastest shape timed on
     # an H200 (docs/bench-log/2026-11-28-h200-fused-triton-decode.md; slices of 256 were the shape
@@ -71,13 +81,18 @@ class Tiling:
     o_split: int = 1
     down_split: int = 1
     attn_warps: int = 4
+    fuse_o: bool = False
+    fuse_o_rows: int = 128
+    fuse_mlp: bool = False
+    mlp_rows: int = 16
+    mlp_sub: int = 8
     num_warps: int = 8
     num_stages: int = 3
     pdl: bool = False
 
     def blocks(self) -> dict[str, int]:
         """The block sizes (each must be a power of two)."""
-        return {k: v for k, v in vars(self).items() if k.endswith(("_pairs", "_k", "_rows", "_positions"))}
+        return {k: v for k, v in vars(self).items() if k.endswith(("_pairs", "_k", "_rows", "_positions", "_sub"))}
 
 
 @triton.jit
@@ -141,11 +156,18 @@ def _normed_row_pair(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, rows
 @triton.jit
 def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias_ptr, inv_freq_ptr, pos_ptr,
                      q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, new_ptr, new_sl, new_st, new_sb, new_sh,
-                     layer, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     layer, zero_ptr, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                      SCALED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
-                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """One program: ``PAIRS`` rotary pairs (rows d and d + HEAD_DIM/2) of one q, k or v head."""
+                     PAIRS: tl.constexpr, BLOCK_K: tl.constexpr, ZERO: tl.constexpr, PDL: tl.constexpr):
+    """One program: ``PAIRS`` rotary pairs (rows d and d + HEAD_DIM/2) of one q, k or v head. With
+    ``ZERO``, program 0 also clears ``zero_ptr`` [B, H] (the fused MLP's output, read by no one now)."""
     _grid_dependency(PDL)
+    if ZERO:
+        if tl.program_id(0) == 0:
+            zb = tl.arange(0, BLOCK_B)
+            zh = tl.arange(0, BLOCK_H)
+            tl.store(zero_ptr + zb[:, None] * H + zh[None, :], tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32),
+                     mask=(zb[:, None] < B) & (zh[None, :] < H))
     HALF: tl.constexpr = HEAD_DIM // 2
     per_head: tl.constexpr = HALF // PAIRS
     pid = tl.program_id(0)
@@ -185,14 +207,10 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
 
 
 @triton.jit
-def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, ctx_ptr, layer, scale,
-                      NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-    """One program: one query head of one batch row over cache slots 0..position (inclusive)."""
-    _grid_dependency(PDL)
-    pid = tl.program_id(0)
-    b = pid // NUM_HEADS
-    head = pid % NUM_HEADS
+def _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
+            NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The attention output (float32 [HEAD_DIM]) of query head ``head`` of batch row ``b`` over cache
+    slots 0..position (inclusive)."""
     kvh = head // (NUM_HEADS // KV_HEADS)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + d) * scale
@@ -215,7 +233,82 @@ def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr,
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
-    tl.store(ctx_ptr + b * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + d, acc / l_i)
+    return acc / l_i
+
+
+@triton.jit
+def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, ctx_ptr, layer, scale,
+                      NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, PDL: tl.constexpr):
+    """One program: one query head of one batch row over cache slots 0..position (inclusive)."""
+    _grid_dependency(PDL)
+    pid = tl.program_id(0)
+    b = pid // NUM_HEADS
+    head = pid % NUM_HEADS
+    ctx = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
+                  NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
+    tl.store(ctx_ptr + b * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + tl.arange(0, HEAD_DIM), ctx)
+
+
+@triton.jit
+def _attention_o_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, wo_ptr, wos_ptr,
+                        h_ptr, H: tl.constexpr, NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+                        HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr, SCALED: tl.constexpr,
+                        PDL: tl.constexpr):
+    """Program (b * NUM_HEADS + head, j): that head's attention output times its ``HEAD_DIM`` columns
+    of o_proj, rows ``j * ROWS`` on, added atomically into the residual ``h``."""
+    _grid_dependency(PDL)
+    pid = tl.program_id(0)
+    b = pid // NUM_HEADS
+    head = pid % NUM_HEADS
+    ctx = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
+                  NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
+    rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+    ok = rows < H
+    cols = head * HEAD_DIM + tl.arange(0, HEAD_DIM)
+    w = tl.load(wo_ptr + rows[:, None] * (NUM_HEADS * HEAD_DIM) + cols[None, :], mask=ok[:, None],
+                other=0.0).to(tl.float32)
+    part = tl.sum(w * ctx[None, :], axis=1)
+    if SCALED:
+        part = part * tl.load(wos_ptr + rows, mask=ok, other=0.0)
+    tl.atomic_add(h_ptr + b * H + rows, part, mask=ok, sem="relaxed")
+
+
+@triton.jit
+def _mlp_kernel(h_ptr, out_ptr, B, H: tl.constexpr, eps, nw_ptr, gu_ptr, gus_ptr, dt_ptr, ds_ptr,
+                INTER: tl.constexpr, SCALED: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr,
+                ROWS: tl.constexpr, SUB: tl.constexpr, PDL: tl.constexpr):
+    """Program i: ``silu(gate) * up`` of intermediate rows ``i * ROWS`` on (``SUB`` at a time) times
+    the same rows of the transposed down_proj ``dt`` [INTER, H], added atomically into ``out``, which
+    holds zeros; program 0 also adds the residual ``h`` itself."""
+    _grid_dependency(PDL)
+    bs = tl.arange(0, BLOCK_B)
+    hs = tl.arange(0, BLOCK_H)
+    hmask = hs < H
+    mask = (bs[:, None] < B) & hmask[None, :]
+    x = tl.load(h_ptr + bs[:, None] * H + hs[None, :], mask=mask, other=0.0)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
+    xn = x * inv[:, None] * tl.load(nw_ptr + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
+    acc = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    for r0 in range(0, ROWS, SUB):
+        rows = tl.program_id(0) * ROWS + r0 + tl.arange(0, SUB)
+        ok = rows < INTER
+        wmask = ok[:, None] & hmask[None, :]
+        g = tl.load(gu_ptr + rows[:, None] * H + hs[None, :], mask=wmask, other=0.0).to(tl.float32)
+        u = tl.load(gu_ptr + (rows + INTER)[:, None] * H + hs[None, :], mask=wmask, other=0.0).to(tl.float32)
+        gate = tl.sum(xn[:, None, :] * g[None, :, :], axis=2)
+        up = tl.sum(xn[:, None, :] * u[None, :, :], axis=2)
+        if SCALED:
+            gate = gate * tl.load(gus_ptr + rows, mask=ok, other=0.0)[None, :]
+            up = up * tl.load(gus_ptr + rows + INTER, mask=ok, other=0.0)[None, :]
+        a = gate / (1.0 + tl.exp(-gate)) * up
+        dw = tl.load(dt_ptr + rows[:, None] * H + hs[None, :], mask=wmask, other=0.0).to(tl.float32)
+        acc += tl.sum(a[:, :, None] * dw[None, :, :], axis=1)
+    if SCALED:  # down_proj's scales belong to its output rows: the residual's columns here
+        acc = acc * tl.load(ds_ptr + hs, mask=hmask, other=0.0)[None, :]
+    if tl.program_id(0) == 0:
+        acc += x
+    tl.atomic_add(out_ptr + bs[:, None] * H + hs[None, :], acc, mask=mask, sem="relaxed")
 
 
 @triton.jit
@@ -282,10 +375,13 @@ def quantize_rows(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor
 
 
 class _Matrix:
-    """A weight matrix as the kernels read it: the (maybe quantized) rows and their scales."""
+    """A weight matrix as the kernels read it: the (maybe quantized) rows and their scales; with
+    ``transposed`` the quantized matrix is kept as its transpose (the scales still one per row of ``w``)."""
 
-    def __init__(self, w: torch.Tensor, fmt: str) -> None:
+    def __init__(self, w: torch.Tensor, fmt: str, transposed: bool = False) -> None:
         self.w, self.scale = quantize_rows(w.detach(), fmt)
+        if transposed:
+            self.w = self.w.t().contiguous()
         self.rows, self.cols = w.shape
 
     @property
@@ -318,6 +414,8 @@ class FusedDecodeStep:
                if (v := getattr(self.tiling, k)) < 1]
         if few:
             raise ValueError(f"tiling: counts must be at least 1 ({', '.join(few)})")
+        if self.tiling.mlp_sub > self.tiling.mlp_rows:
+            raise ValueError(f"tiling: mlp_sub ({self.tiling.mlp_sub}) must not exceed mlp_rows ({self.tiling.mlp_rows})")
         if self.head_dim & (self.head_dim - 1) or (self.head_dim // 2) % self.tiling.qkv_pairs:
             raise ValueError(f"head_dim {self.head_dim}: a power of two whose half the rotary pairs per program "
                              f"({self.tiling.qkv_pairs}) divide")
@@ -337,7 +435,8 @@ class FusedDecodeStep:
                 "ln1": layer.input_layernorm.weight.detach().to(bf16), "qkv": _Matrix(layer.qkv_proj.weight, weights),
                 "qkv_bias": layer.qkv_proj.bias.detach().to(bf16), "o": _Matrix(layer.o_proj.weight, weights),
                 "ln2": layer.post_attention_layernorm.weight.detach().to(bf16),
-                "gate_up": _Matrix(layer.gate_up_proj.weight, weights), "down": _Matrix(layer.down_proj.weight, weights),
+                "gate_up": _Matrix(layer.gate_up_proj.weight, weights),
+                "down": _Matrix(layer.down_proj.weight, weights, transposed=self.tiling.fuse_mlp),
             })
         self.norm = step.norm.weight.detach().to(bf16)
         self.head = _Matrix(step.head.weight, "fp32" if weights == "fp32" else "bf16")
@@ -360,7 +459,8 @@ class FusedDecodeStep:
             f32 = dict(dtype=torch.float32, device=kv.device)
             qd = self.num_heads * self.head_dim
             self._buffers[key] = {
-                "h": torch.empty(B, self.hidden, **f32), "q": torch.empty(B, qd, **f32),
+                "h": torch.empty(B, self.hidden, **f32), "h2": torch.empty(B, self.hidden, **f32),
+                "q": torch.empty(B, qd, **f32),
                 "ctx": torch.empty(B, qd, **f32), "act": torch.empty(B, self.inter, **f32),
                 "logits": torch.empty(B, 1, self.vocab, **f32),
                 "new": torch.empty(len(self.layers), 2, B, self.kv_heads, 1, self.head_dim, dtype=kv.dtype,
@@ -387,18 +487,31 @@ class FusedDecodeStep:
         qkv_grid = (heads * (self.head_dim // 2 // t.qkv_pairs),)
         scale = 1.0 / math.sqrt(self.head_dim)
         H, inter = self.hidden, self.inter
+        other = buf["h2"]  # the fused MLP's output; the two swap roles every layer
         for i, L in enumerate(self.layers):
             qkv, o, gu, down = L["qkv"], L["o"], L["gate_up"], L["down"]
             _qkv_rope_kernel[qkv_grid](
                 h, B, H, self.eps, L["ln1"], qkv.w, _or(qkv.scale, qkv.w), L["qkv_bias"], self.inv_freq, position,
                 q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], new, news[0], news[1], news[2], news[3],
-                i, self.num_heads, self.kv_heads, self.head_dim, qkv.scale is not None, BB, BH, t.qkv_pairs,
-                t.qkv_k, t.pdl, **kw)
-            _attention_kernel[(B * self.num_heads,)](
-                q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], position, ctx, i, scale,
-                self.num_heads, self.kv_heads, self.head_dim, t.attn_positions, t.pdl,
-                **{**kw, "num_warps": t.attn_warps})
-            self._linear(ctx, B, o, h, False, None, None, True, t.o_rows, t.o_k, t.o_split, kw)
+                i, other, self.num_heads, self.kv_heads, self.head_dim, qkv.scale is not None, BB, BH, t.qkv_pairs,
+                t.qkv_k, t.fuse_mlp, t.pdl, **kw)
+            if t.fuse_o:
+                _attention_o_kernel[(B * self.num_heads, triton.cdiv(H, t.fuse_o_rows))](
+                    q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], position, i, scale, o.w, _or(o.scale, o.w),
+                    h, H, self.num_heads, self.kv_heads, self.head_dim, t.attn_positions, t.fuse_o_rows,
+                    o.scale is not None, t.pdl, **{**kw, "num_warps": t.attn_warps})
+            else:
+                _attention_kernel[(B * self.num_heads,)](
+                    q, key_values, kvs[0], kvs[1], kvs[2], kvs[3], kvs[4], position, ctx, i, scale,
+                    self.num_heads, self.kv_heads, self.head_dim, t.attn_positions, t.pdl,
+                    **{**kw, "num_warps": t.attn_warps})
+                self._linear(ctx, B, o, h, False, None, None, True, t.o_rows, t.o_k, t.o_split, kw)
+            if t.fuse_mlp:
+                _mlp_kernel[(triton.cdiv(inter, t.mlp_rows),)](
+                    h, other, B, H, self.eps, L["ln2"], gu.w, _or(gu.scale, gu.w), down.w, _or(down.scale, down.w),
+                    inter, gu.scale is not None, BB, BH, t.mlp_rows, t.mlp_sub, t.pdl, **kw)
+                h, other = other, h
+                continue
             _gate_up_kernel[(triton.cdiv(inter, t.gate_up_rows),)](
                 h, B, H, self.eps, L["ln2"], gu.w, _or(gu.scale, gu.w), act, inter, gu.scale is not None, BB, BH,
                 t.gate_up_rows, t.gate_up_k, t.pdl, **kw)
