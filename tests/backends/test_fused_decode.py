@@ -58,7 +58,7 @@ def test_reduced_weights_keep_the_logits_direction(results: list[dict], weights:
 @pytest.mark.parametrize("tiling, message", [("qkv_pairs=32", "rotary pairs per program (32)"),
                                              ("down_k=96", "powers of two (down_k=96)"),
                                              ("down_split=0", "at least 1 (down_split=0)"),
-                                             ("mlp_rows=8, mlp_sub=16", "mlp_sub (16) must not exceed mlp_rows (8)")])
+                                             ("mlp_rows=24, mlp_sub=16", "mlp_rows (24) must be a multiple of mlp_sub (16)")])
 def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1",
            "PYTHONPATH": os.pathsep.join([str(TRITON_DIR), str(REPO), os.environ.get("PYTHONPATH", "")])}

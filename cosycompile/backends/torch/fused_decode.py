@@ -61,8 +61,8 @@ class Tiling:
     predecessor inside the kernel, so the launch overlaps the previous kernel's tail.
 
     ``fuse_o`` / ``fuse_mlp`` (see the module's docstring): ``fuse_o_rows`` residual rows per fused
-    attention program; ``mlp_rows`` intermediate rows per fused MLP program, made ``mlp_sub`` at a
-    time."""
+    attention program; ``mlp_rows`` intermediate rows per fused MLP program (any multiple of
+    ``mlp_sub``: it sets how many programs share the machine), made ``mlp_sub`` at a time."""
 
     # The defaults read a whole 896-wide row of the 0.5B LM per loop turn, the fastest shape timed on
     # an H200 (docs/bench-log/2026-11-28-h200-fused-triton-decode.md; slices of 256 were the shape
@@ -92,7 +92,8 @@ class Tiling:
 
     def blocks(self) -> dict[str, int]:
         """The block sizes (each must be a power of two)."""
-        return {k: v for k, v in vars(self).items() if k.endswith(("_pairs", "_k", "_rows", "_positions", "_sub"))}
+        return {k: v for k, v in vars(self).items()
+                if k.endswith(("_pairs", "_k", "_rows", "_positions", "_sub")) and k != "mlp_rows"}
 
 
 @triton.jit
@@ -289,7 +290,11 @@ def _mlp_kernel(h_ptr, out_ptr, B, H: tl.constexpr, eps, nw_ptr, gu_ptr, gus_ptr
     x = tl.load(h_ptr + bs[:, None] * H + hs[None, :], mask=mask, other=0.0)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
     xn = x * inv[:, None] * tl.load(nw_ptr + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
+    # One batch row: the down product's sum over the block's rows is left to the end (a reduction
+    # across warps each turn was the kernel's cost); more rows would not fit the registers.
+    DEFER: tl.constexpr = BLOCK_B == 1
     acc = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
+    acc_rows = tl.zeros((SUB, BLOCK_H), dtype=tl.float32)
     for r0 in range(0, ROWS, SUB):
         rows = tl.program_id(0) * ROWS + r0 + tl.arange(0, SUB)
         ok = rows < INTER
@@ -303,7 +308,12 @@ def _mlp_kernel(h_ptr, out_ptr, B, H: tl.constexpr, eps, nw_ptr, gu_ptr, gus_ptr
             up = up * tl.load(gus_ptr + rows + INTER, mask=ok, other=0.0)[None, :]
         a = gate / (1.0 + tl.exp(-gate)) * up
         dw = tl.load(dt_ptr + rows[:, None] * H + hs[None, :], mask=wmask, other=0.0).to(tl.float32)
-        acc += tl.sum(a[:, :, None] * dw[None, :, :], axis=1)
+        if DEFER:
+            acc_rows += tl.reshape(a, (SUB, 1)) * dw
+        else:
+            acc += tl.sum(a[:, :, None] * dw[None, :, :], axis=1)
+    if DEFER:
+        acc = tl.reshape(tl.sum(acc_rows, axis=0), (1, BLOCK_H))
     if SCALED:  # down_proj's scales belong to its output rows: the residual's columns here
         acc = acc * tl.load(ds_ptr + hs, mask=hmask, other=0.0)[None, :]
     if tl.program_id(0) == 0:
@@ -414,8 +424,9 @@ class FusedDecodeStep:
                if (v := getattr(self.tiling, k)) < 1]
         if few:
             raise ValueError(f"tiling: counts must be at least 1 ({', '.join(few)})")
-        if self.tiling.mlp_sub > self.tiling.mlp_rows:
-            raise ValueError(f"tiling: mlp_sub ({self.tiling.mlp_sub}) must not exceed mlp_rows ({self.tiling.mlp_rows})")
+        if self.tiling.mlp_rows % self.tiling.mlp_sub:
+            raise ValueError(f"tiling: mlp_rows ({self.tiling.mlp_rows}) must be a multiple of mlp_sub "
+                             f"({self.tiling.mlp_sub})")
         if self.head_dim & (self.head_dim - 1) or (self.head_dim // 2) % self.tiling.qkv_pairs:
             raise ValueError(f"head_dim {self.head_dim}: a power of two whose half the rotary pairs per program "
                              f"({self.tiling.qkv_pairs}) divide")
