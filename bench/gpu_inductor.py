@@ -487,19 +487,15 @@ def _tilings() -> dict[str, Any]:
         "f3-pdl-o64": replace(one, fuse_o=True, fuse_o_rows=64, fuse_mlp=True, pdl=True),
         "f3-pdl-o256": replace(one, fuse_o=True, fuse_o_rows=256, fuse_mlp=True, pdl=True),
         "f3-pdl-w4": replace(one, fuse_o=True, fuse_mlp=True, mlp_sub=4, num_warps=4, pdl=True),
-        # The fused MLP at other program counts (rows a program need not be a power of two), fewer
-        # pipeline stages (each stage of three [8, 1024] tiles takes shared memory from other programs).
+        # The fused MLP at other program counts (rows a program need not be a power of two), one pipeline
+        # stage, four warps (the second lease of 2026-12-04 timed these with a kernel since reverted).
         "fm": replace(one, fuse_mlp=True, o_k=512, o_split=2),
         "fm-r24": replace(one, fuse_mlp=True, mlp_rows=24, o_k=512, o_split=2),
         "fm-r40": replace(one, fuse_mlp=True, mlp_rows=40, o_k=512, o_split=2),
-        "fm-r40-s4": replace(one, fuse_mlp=True, mlp_rows=40, mlp_sub=4, o_k=512, o_split=2),
         "fm-s1": replace(one, fuse_mlp=True, o_k=512, o_split=2, num_stages=1),
-        "fm-s2": replace(one, fuse_mlp=True, o_k=512, o_split=2, num_stages=2),
         "fm-w4": replace(one, fuse_mlp=True, mlp_sub=4, o_k=512, o_split=2, num_warps=4),
-        "fm-w4-s1": replace(one, fuse_mlp=True, mlp_sub=4, o_k=512, o_split=2, num_warps=4, num_stages=1),
-        "f3-s1": replace(one, fuse_o=True, fuse_mlp=True, num_stages=1),
+        "fm-r24-pdl": replace(one, fuse_mlp=True, mlp_rows=24, o_k=512, o_split=2, pdl=True),
         "f3-w4-s1": replace(one, fuse_o=True, fuse_mlp=True, mlp_sub=4, num_warps=4, num_stages=1),
-        "f3-r40-s1": replace(one, fuse_o=True, fuse_mlp=True, mlp_rows=40, num_stages=1),
     }
 
 

@@ -93,7 +93,7 @@ for piece in $PIECES; do
         -k "dependent_launches or fused_attention"
       # The tilings at batch 1 (the default is the first H200 lease's fastest), then the fastest of
       # them at batch 8, in FP8 and INT8, and in the pipeline.
-      sweep=${FUSED_SWEEP:-default,op-split2-pdl,f3,f3-pdl,fo-pdl,fm-pdl,f3-pdl-m8,f3-pdl-m32,f3-pdl-o64,f3-pdl-o256,f3-pdl-w4}
+      sweep=${FUSED_SWEEP:-default,op-split2-pdl,fm-pdl,fm-r24-pdl,fm-r24,fm,f3,f3-pdl-w4,f3-w4-s1,fm-w4,fm-r40,fm-s1}
       run fused 560 python3 bench/gpu_inductor.py --device cuda --threads "$THREADS" --artifacts "$ART" \
         --phases "${FUSED_PHASES:-$(echo "$sweep" | sed 's/\([^,]*\)/format=fused-bf16\/\1@1/g'),format=fused-bf16/best@8,format=fused-fp8/best,pipeline,format=fused-int8/best@1}" \
         --pipeline-llm fused-bf16/best --budget $(($(left) < 560 ? $(left) - 40 : 520))

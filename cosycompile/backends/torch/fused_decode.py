@@ -290,11 +290,7 @@ def _mlp_kernel(h_ptr, out_ptr, B, H: tl.constexpr, eps, nw_ptr, gu_ptr, gus_ptr
     x = tl.load(h_ptr + bs[:, None] * H + hs[None, :], mask=mask, other=0.0)
     inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
     xn = x * inv[:, None] * tl.load(nw_ptr + hs, mask=hmask, other=0.0).to(tl.float32)[None, :]
-    # One batch row: the down product's sum over the block's rows is left to the end (a reduction
-    # across warps each turn was the kernel's cost); more rows would not fit the registers.
-    DEFER: tl.constexpr = BLOCK_B == 1
     acc = tl.zeros((BLOCK_B, BLOCK_H), dtype=tl.float32)
-    acc_rows = tl.zeros((SUB, BLOCK_H), dtype=tl.float32)
     for r0 in range(0, ROWS, SUB):
         rows = tl.program_id(0) * ROWS + r0 + tl.arange(0, SUB)
         ok = rows < INTER
@@ -308,12 +304,9 @@ def _mlp_kernel(h_ptr, out_ptr, B, H: tl.constexpr, eps, nw_ptr, gu_ptr, gus_ptr
             up = up * tl.load(gus_ptr + rows + INTER, mask=ok, other=0.0)[None, :]
         a = gate / (1.0 + tl.exp(-gate)) * up
         dw = tl.load(dt_ptr + rows[:, None] * H + hs[None, :], mask=wmask, other=0.0).to(tl.float32)
-        if DEFER:
-            acc_rows += tl.reshape(a, (SUB, 1)) * dw
-        else:
-            acc += tl.sum(a[:, :, None] * dw[None, :, :], axis=1)
-    if DEFER:
-        acc = tl.reshape(tl.sum(acc_rows, axis=0), (1, BLOCK_H))
+        # Summed over the slice's rows every turn: an elementwise [SUB, H] accumulator summed once at
+        # the end was slower on an H200 (docs/bench-log/2026-12-04-h200-fused-mlp-decode.md).
+        acc += tl.sum(a[:, :, None] * dw[None, :, :], axis=1)
     if SCALED:  # down_proj's scales belong to its output rows: the residual's columns here
         acc = acc * tl.load(ds_ptr + hs, mask=hmask, other=0.0)[None, :]
     if tl.program_id(0) == 0:
