@@ -3,8 +3,9 @@
 Offline optimization moves graph rewriting out of every server's start-up. Levels up to
 'extended' stay portable across x86 CPUs; 'all' adds layout transforms tied to the build CPU,
 which is recorded in the passport. After it, exact rewrites of our own replace what the optimizer
-leaves slow: separate kernels for attention (``attention.py``) and Mish (``mish.py``), and the LLM
-step's stacked cache, which every step copied whole (``kv_cache.py``).
+leaves slow: separate kernels for attention (``attention.py``) and Mish (``mish.py``), the LLM
+step's stacked cache, which every step copied whole (``kv_cache.py``), and HiFT's Snake activations,
+which become one operator of the project's own (``snake.py``, ``runtime/ort_ops``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ class Options(BaseModel):
                                 "specific to the build machine's CPU")
     execution_mode: Literal["sequential", "parallel"] = Field(
         "sequential", description="ONNX Runtime's execution mode: parallel runs independent branches at once")
-    rewrites: tuple[Literal["attention", "mish", "kv_cache"], ...] = Field(
-        ("attention", "mish", "kv_cache"),
+    rewrites: tuple[Literal["attention", "mish", "kv_cache", "snake"], ...] = Field(
+        ("attention", "mish", "kv_cache", "snake"),
         description="exact graph rewrites applied after the offline optimization (not with 'disable'): 'attention' "
                     "fuses exported scaled-dot-product attention into the MultiHeadAttention kernel, 'mish' computes "
                     "x*tanh(softplus(x)) without ONNX Runtime's scalar Softplus, 'kv_cache' gives the LLM step one "
-                    "cache input and output per layer so a decode step stops copying the whole cache; [] keeps the "
-                    "optimizer's graph")
+                    "cache input and output per layer so a decode step stops copying the whole cache, 'snake' computes "
+                    "HiFT's x + sin^2(alpha x)/alpha in one vectorized operator of the project's own (a C++ library "
+                    "compiled at build time and kept in the engine dir); [] keeps the optimizer's graph")
 
 
 def check_format(stage: str, fmt: str, options: Options, opset: int) -> tuple[str, str] | None:

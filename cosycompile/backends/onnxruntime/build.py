@@ -11,6 +11,7 @@ import onnxruntime as ort
 
 from cosycompile.backends.onnxruntime.kv_cache import KeptCacheDecoder, PerLayerCache, layer_names
 from cosycompile.errors import BackendUnavailable
+from cosycompile.runtime import ort_ops
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.host import cpu_flags
 from cosycompile.runtime.idle_wait import spinning
@@ -64,7 +65,7 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         so.optimized_model_filepath = str(out / g["file"])
         # Creating the session performs and saves the optimization.
         ort.InferenceSession(str(gd.graph_path(name)), so, providers=["CPUExecutionProvider"])
-        counts = _rewrite(out / g["file"], rewrites)
+        counts = _rewrite(out / g["file"], rewrites, cache_dir)
         if counts:
             rewritten[name] = counts
     eng.info = dict(gd.info)
@@ -82,8 +83,9 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     }
 
 
-def _rewrite(path: Path, rewrites: tuple[str, ...]) -> dict[str, int]:
-    """Apply ``rewrites`` to the optimized graph at ``path`` in place; returns the count of each that matched."""
+def _rewrite(path: Path, rewrites: tuple[str, ...], cache_dir: Path | None) -> dict[str, int]:
+    """Apply ``rewrites`` to the optimized graph at ``path`` in place; returns the count of each that
+    matched. A graph that now uses the project's own operators gets their library beside it."""
     if not rewrites:
         return {}
     import onnx
@@ -91,15 +93,18 @@ def _rewrite(path: Path, rewrites: tuple[str, ...]) -> dict[str, int]:
     from cosycompile.backends.onnxruntime.attention import fuse_attention
     from cosycompile.backends.onnxruntime.kv_cache import split_kv_cache
     from cosycompile.backends.onnxruntime.mish import rewrite_mish
+    from cosycompile.backends.onnxruntime.snake import rewrite_snake
     from cosycompile.onnx.tools import save_model
 
     model = onnx.load(str(path))
-    passes = {"attention": fuse_attention, "mish": rewrite_mish, "kv_cache": split_kv_cache}
+    passes = {"attention": fuse_attention, "mish": rewrite_mish, "kv_cache": split_kv_cache, "snake": rewrite_snake}
     counts = {r: n for r in rewrites if (n := passes[r](model))}
     if counts:
+        library = ort_ops.build_library(path.parent, cache_dir) if "snake" in counts else None
         save_model(model, path)
         # Fail the build, not the first server, if a rewrite left a graph ONNX Runtime rejects.
-        ort.InferenceSession(str(path), _build_session_options("disable"), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(str(path), ort_ops.register(_build_session_options("disable"), library),
+                             providers=["CPUExecutionProvider"])
     return counts
 
 
@@ -108,7 +113,7 @@ class OrtRunner:
 
     def __init__(self, path: Path, threads: int, execution_mode: str = "sequential") -> None:
         # The graph is already optimized offline; re-optimizing at load only costs start-up time.
-        so = _session_options(threads, "disable", execution_mode)
+        so = ort_ops.register(_session_options(threads, "disable", execution_mode), ort_ops.library_in(path.parent))
         self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
