@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,6 +76,17 @@ def test_a_tiling_the_kernels_cannot_run_is_refused(tiling: str, message: str) -
     assert message in done.stdout
 
 
+def _interp_module() -> Any:
+    """The interpreter check's module (``fused_decode_interp.py``), imported here to run on CUDA."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return check
+
+
 @pytest.mark.gpu
 def test_compiled_kernels_in_a_cuda_graph_match_the_static_step() -> None:
     """On a CUDA machine (``make test-gpu``), the kernels compiled by the machine's own Triton and
@@ -82,12 +94,7 @@ def test_compiled_kernels_in_a_cuda_graph_match_the_static_step() -> None:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
-    assert spec is not None and spec.loader is not None
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = _interp_module()
     from cosycompile.backends.torch.fused_decode import Tiling
 
     for batch, past in ((1, 7), (8, 130)):
@@ -105,12 +112,7 @@ def test_split_reductions_and_dependent_launches_in_a_cuda_graph_match_the_stati
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("no CUDA device of compute capability 9.0 or later")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
-    assert spec is not None and spec.loader is not None
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = _interp_module()
     from cosycompile.backends.torch.fused_decode import Tiling
 
     for tiling in (Tiling(o_split=2, down_split=3, down_k=32), Tiling(pdl=True),
@@ -128,12 +130,7 @@ def test_fused_attention_o_and_mlp_in_a_cuda_graph_match_the_static_step() -> No
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("no CUDA device of compute capability 9.0 or later")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fused_decode_interp", Path(__file__).with_name("fused_decode_interp.py"))
-    assert spec is not None and spec.loader is not None
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = _interp_module()
     from cosycompile.backends.torch.fused_decode import Tiling
 
     for tiling in (Tiling(fuse_o=True, fuse_mlp=True), Tiling(fuse_o=True, fuse_o_rows=32, fuse_mlp=True, mlp_rows=64,

@@ -39,10 +39,14 @@ def test_library_name_is_a_digest_and_a_second_build_reuses_it(library: Path, tm
     assert library.name == ort_ops.library_name() and library.is_file()
     again = ort_ops.build_library(library.parent)
     assert again == library
-    # Through a cache dir: compiled there once, placed into the engine dir.
-    placed = ort_ops.build_library(tmp_path / "engine", cache_dir=library.parent)
-    assert placed.read_bytes() == library.read_bytes() and ort_ops.library_in(tmp_path / "engine") == placed
-    assert not list((tmp_path / "engine").glob(".*.tmp"))
+    # Through a cache dir: compiled there once, placed into each engine dir.
+    placed = ort_ops.build_library(tmp_path / "engine", cache_dir=tmp_path / "cache")
+    cached = tmp_path / "cache" / "ort_ops" / library.name
+    assert placed.read_bytes() == cached.read_bytes() and ort_ops.library_in(tmp_path / "engine") == placed
+    before = cached.stat().st_mtime_ns
+    second = ort_ops.build_library(tmp_path / "engine2", cache_dir=tmp_path / "cache")
+    assert second.read_bytes() == cached.read_bytes() and cached.stat().st_mtime_ns == before
+    assert not list((tmp_path / "engine").glob(".*.tmp")) and not list(cached.parent.glob(".*.tmp"))
 
 
 @pytest.mark.parametrize("per_channel", [True, False])

@@ -208,10 +208,13 @@ def _qkv_rope_kernel(h_ptr, B, H: tl.constexpr, eps, nw_ptr, w_ptr, ws_ptr, bias
 
 
 @triton.jit
-def _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
+def _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale,
             NUM_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The attention output (float32 [HEAD_DIM]) of query head ``head`` of batch row ``b`` over cache
-    slots 0..position (inclusive)."""
+    """(attention output as float32 [HEAD_DIM], batch row, head) of the query head that the program's
+    first index names (``b * NUM_HEADS + head``), over cache slots 0..position (inclusive)."""
+    pid = tl.program_id(0)
+    b = pid // NUM_HEADS
+    head = pid % NUM_HEADS
     kvh = head // (NUM_HEADS // KV_HEADS)
     d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + b * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + d) * scale
@@ -234,7 +237,7 @@ def _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, sc
         l_i = l_i * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
-    return acc / l_i
+    return acc / l_i, b, head
 
 
 @triton.jit
@@ -243,11 +246,8 @@ def _attention_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr,
                       BLOCK_M: tl.constexpr, PDL: tl.constexpr):
     """One program: one query head of one batch row over cache slots 0..position (inclusive)."""
     _grid_dependency(PDL)
-    pid = tl.program_id(0)
-    b = pid // NUM_HEADS
-    head = pid % NUM_HEADS
-    ctx = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
-                  NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
+    ctx, b, head = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale,
+                           NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
     tl.store(ctx_ptr + b * (NUM_HEADS * HEAD_DIM) + head * HEAD_DIM + tl.arange(0, HEAD_DIM), ctx)
 
 
@@ -259,11 +259,8 @@ def _attention_o_kernel(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_pt
     """Program (b * NUM_HEADS + head, j): that head's attention output times its ``HEAD_DIM`` columns
     of o_proj, rows ``j * ROWS`` on, added atomically into the residual ``h``."""
     _grid_dependency(PDL)
-    pid = tl.program_id(0)
-    b = pid // NUM_HEADS
-    head = pid % NUM_HEADS
-    ctx = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale, b, head,
-                  NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
+    ctx, b, head = _attend(q_ptr, kv_ptr, kv_sl, kv_st, kv_sb, kv_sh, kv_sm, pos_ptr, layer, scale,
+                           NUM_HEADS, KV_HEADS, HEAD_DIM, BLOCK_M)
     rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     ok = rows < H
     cols = head * HEAD_DIM + tl.arange(0, HEAD_DIM)

@@ -17,15 +17,13 @@ the same library.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
-from cosycompile.errors import UserError
+from cosycompile.runtime.native_build import compile_library, library_file_name
 
 DOMAIN = "cosycompile"
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
@@ -37,43 +35,26 @@ PREFIX = "libcosycompile_ort_ops-"
 
 def library_name() -> str:
     """The library's file name for these sources and flags."""
-    h = hashlib.sha256()
-    for source in (*SOURCES, *HEADERS):
-        h.update(source.name.encode() + b"\0" + source.read_bytes())
-    h.update(f"{platform.machine()}|{' '.join(FLAGS)}".encode())
-    return f"{PREFIX}{h.hexdigest()[:16]}.so"
+    return library_file_name(PREFIX, (*SOURCES, *HEADERS), f"{platform.machine()}|{' '.join(FLAGS)}")
 
 
 def build_library(dest_dir: Path, cache_dir: Path | None = None) -> Path:
-    """The compiled library in ``dest_dir`` (compiled once into ``cache_dir`` when given, then copied);
-    written under a temporary name and renamed, so a killed build leaves no half-written library.
-    Needs a C++ compiler (``$CXX``, else ``g++``)."""
+    """The compiled library in ``dest_dir`` (compiled once into ``cache_dir``/ort_ops when given, then
+    linked or copied); written under a temporary name and renamed, so a killed build leaves no
+    half-written library. Needs a C++ compiler (``$CXX``, else ``g++``)."""
     name = library_name()
     dest = dest_dir / name
     if dest.exists():
         return dest
-    if cache_dir is not None and dest_dir != cache_dir:
-        _place(build_library(cache_dir), dest)
+    if cache_dir is not None:
+        _place(build_library(cache_dir / "ort_ops"), dest)
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{name}.{os.getpid()}.tmp")
     compiler = os.environ.get("CXX", "g++")
-    cmd = [compiler, *FLAGS, f"-I{Path(__file__).parent}", *map(str, SOURCES), "-o", str(tmp)]
-    names = ", ".join(s.name for s in SOURCES)
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except FileNotFoundError:
-        raise UserError(f"no C++ compiler '{compiler}' on this machine: ONNX Runtime's Snake operator is compiled "
-                        "at build time (set CXX, install g++, or drop 'snake' from the engine's rewrites)") from None
-    except subprocess.TimeoutExpired:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"compiling {names} took more than {COMPILE_TIMEOUT_S} s; stopped") from None
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"compiling {names} with {compiler} failed: {last}")
-    os.replace(tmp, dest)
-    return dest
+    return compile_library(dest, lambda out: [compiler, *FLAGS, f"-I{Path(__file__).parent}", *map(str, SOURCES),
+                                              "-o", str(out)],
+                           ", ".join(s.name for s in SOURCES),
+                           "ONNX Runtime's Snake operator is compiled at build time, or drop 'snake' from the "
+                           "engine's rewrites", COMPILE_TIMEOUT_S)
 
 
 def _place(src: Path, dest: Path) -> None:

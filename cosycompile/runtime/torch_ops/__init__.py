@@ -21,14 +21,13 @@ code carry the same library, and a process refuses a second, different one.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
-import subprocess
 import threading
 from pathlib import Path
 
 from cosycompile.errors import UserError
+from cosycompile.runtime.native_build import compile_library, library_file_name
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.cpp")))
 HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))  # included by the sources, so part of the digest
@@ -48,11 +47,8 @@ def library_name() -> str:
     """The library's file name for this source, torch version and set of flags."""
     import torch
 
-    h = hashlib.sha256()
-    for source in (*SOURCES, *HEADERS):
-        h.update(source.name.encode() + b"\0" + source.read_bytes())
-    h.update(f"{torch.__version__}|{platform.machine()}|{' '.join(FLAGS)}".encode())
-    return f"libcosycompile_ops-{h.hexdigest()[:16]}.so"
+    return library_file_name("libcosycompile_ops-", (*SOURCES, *HEADERS),
+                             f"{torch.__version__}|{platform.machine()}|{' '.join(FLAGS)}")
 
 
 def build_library(dest_dir: Path) -> Path:
@@ -62,24 +58,8 @@ def build_library(dest_dir: Path) -> Path:
     dest = dest_dir / library_name()
     if dest.exists():
         return dest
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    cmd = compile_command(SOURCES, tmp)
-    compiler = cmd[0]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except FileNotFoundError:
-        raise UserError(f"no C++ compiler '{compiler}' on this machine: the torch backend's INT8 operator is "
-                        "compiled at build time (set CXX, or install g++)") from None
-    except subprocess.TimeoutExpired:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"compiling {NAMES} took more than {COMPILE_TIMEOUT_S} s; stopped") from None
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        last = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise UserError(f"compiling {NAMES} with {compiler} failed: {last}")
-    os.replace(tmp, dest)
-    return dest
+    return compile_library(dest, lambda out: compile_command(SOURCES, out), NAMES,
+                           "the torch backend's INT8 operator is compiled at build time", COMPILE_TIMEOUT_S)
 
 
 def compile_command(sources: tuple[Path, ...], out: Path) -> list[str]:
