@@ -94,6 +94,15 @@ def test_rewrite_replaces_each_snake_form_and_leaves_lookalikes(tmp_path: Path) 
         assert np.array_equal(got[i], want[i]), i
 
 
+def test_a_half_precision_graph_keeps_its_chains() -> None:
+    """The operator computes in float32; a graph with FP16 weights may carry its Snakes in FP16."""
+    model = _graph()
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(4, np.float16), "fp16_weight"))
+    before = model.SerializeToString()
+    assert rewrite_snake(model) == 0
+    assert model.SerializeToString() == before
+
+
 def test_a_graph_without_snakes_is_left_alone() -> None:
     model = _graph()
     del model.graph.node[:]

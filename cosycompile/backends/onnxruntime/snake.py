@@ -6,7 +6,7 @@ optimizer folded an alpha of 1. ONNX Runtime's CPU ``Sin`` is a scalar loop, so 
 three passes over the activation and a slow sine; the operator (``runtime/ort_ops/snake.cpp``) is one
 vectorized pass computing the same expression with the graph's own constants. A chain matches only
 when both constants are one value, or one per channel of an ``[..., C, T]`` activation (shape
-``[1, C, 1]`` or ``[C, 1]``); anything else stays as it was.
+``[1, C, 1]`` or ``[C, 1]``), in a float32 graph; anything else stays as it was.
 """
 
 from __future__ import annotations
@@ -52,9 +52,13 @@ def _constant_factor(g: GraphIndex, mul: Any, other: str | None = None) -> tuple
 
 def rewrite_snake(model: Any) -> int:
     """Replace every Snake chain of ``model`` with one ``cosycompile.Snake`` node; returns how many."""
-    from onnx import helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper
 
     graph = model.graph
+    # The operator is float32. A chain whose alpha was folded pins no type (Sin, Pow and Add take any
+    # float), so a graph holding half-precision weights keeps all its chains.
+    if any(t.data_type in (TensorProto.FLOAT16, TensorProto.BFLOAT16) for t in graph.initializer):
+        return 0
     g = GraphIndex(graph)
     replaced: dict[int, list[Any]] = {}
     removed: set[int] = set()
