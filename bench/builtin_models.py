@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,14 @@ def machine() -> str:
     from cosycompile.runtime.host import describe_host, host_line
 
     return f"{host_line(describe_host())}, Python {platform.python_version()}"
+
+
+def write_result(artifacts: Path, name: str, out: dict[str, Any]) -> Path:
+    """``out`` as ``<artifacts>/bench/<name>.json`` (the folder made if missing); returns the path."""
+    dest = Path(artifacts) / "bench" / f"{name}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=1, default=float))
+    return dest
 
 
 def add_min_seconds(ap: Any, default: float = 30.0) -> None:

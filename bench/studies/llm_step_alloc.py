@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for builtin_models
-from builtin_models import machine
+from builtin_models import machine, write_result
 
 REPO = Path(__file__).resolve().parents[2]
 TUNED = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
@@ -85,18 +85,15 @@ def main() -> int:
     out = {"machine": machine(), "engine": str(args.engine), "past": args.past, "steps": args.steps,
            "threads": args.threads, "tunables": TUNED, "pairs": rows,
            "ratio_median": statistics.median(ratios), "ratio_spread": [min(ratios), max(ratios)]}
-    dest = args.artifacts / "bench" / "llm_step_alloc.json"
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(out, indent=1))
-    med = {side: statistics.median(r[side]["median_ms"] for r in rows) for side in ("default", "tuned")}
-    faults = {side: statistics.median(r[side]["minor_faults"] for r in rows) for side in ("default", "tuned")}
-    print(f"machine: {out['machine']}; past {args.past}, {args.steps} steps, {args.threads} threads")
-    print("| allocator | median step ms | minor page faults (child, load included) |")
-    print("|---|---|---|")
-    for side in ("default", "tuned"):
-        print(f"| {side} | {med[side]:.2f} | {faults[side]:,.0f} |")
-    print(f"default over tuned: {out['ratio_median']:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}, {len(rows)} pairs)")
-    print(f"result: {dest}")
+    dest = write_result(args.artifacts, "llm_step_alloc", out)
+    sides = ("default", "tuned")
+    med = {side: statistics.median(r[side]["median_ms"] for r in rows) for side in sides}
+    faults = {side: statistics.median(r[side]["minor_faults"] for r in rows) for side in sides}
+    table = ["| allocator | median step ms | minor page faults (child, load included) |", "|---|---|---|",
+             *(f"| {side} | {med[side]:.2f} | {faults[side]:,.0f} |" for side in sides)]
+    print("\n".join([f"machine: {out['machine']}; past {args.past}, {args.steps} steps, {args.threads} threads",
+                     *table, f"default over tuned: {out['ratio_median']:.3f}x ({min(ratios):.3f}-{max(ratios):.3f}, "
+                     f"{len(rows)} pairs)", f"result: {dest}"]))
     return 0
 
 
