@@ -10,7 +10,7 @@ Each ``*.cpp`` here holds one operator, all compiled into one library that ONNX 
 ``ort_abi.h`` declares the part of ONNX Runtime's C ABI the library calls (the wheel has no headers).
 The library links nothing but the C++ runtime and picks its loop's ISA at load time, so an engine dir
 that carries it runs on any x86-64 machine. An ONNX Runtime engine whose graphs use the operators
-keeps the library beside them; ``session_options_for`` registers it for every session over that dir.
+keeps the library beside them; ``register`` adds it to the options of every session for every session over that dir.
 The file name holds a digest of the sources and flags, so two engines built from the same code carry
 the same library.
 """
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 from pathlib import Path
 from typing import Any
 
+from cosycompile.core.files import link_or_copy
 from cosycompile.runtime.native_build import compile_library, library_file_name
 
 DOMAIN = "cosycompile"
@@ -58,14 +58,10 @@ def build_library(dest_dir: Path, cache_dir: Path | None = None) -> Path:
 
 
 def _place(src: Path, dest: Path) -> None:
-    # A hard link where the two dirs share a file system, a copy elsewhere; renamed into place either way.
+    # Linked (or copied) under a temporary name, then renamed: no half-placed library.
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    dest.parent.mkdir(parents=True, exist_ok=True)
     tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
+    link_or_copy(src, tmp)
     os.replace(tmp, dest)
 
 
