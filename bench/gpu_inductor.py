@@ -533,7 +533,7 @@ def pipeline_phase(torch: Any, models: Any, parts: dict[str, Any], device: str, 
         modules, assets, info = parts[stage]
         runners = {}
         for g in sinfo.graphs:
-            if g.name not in modules or g.gpu_program_only:  # the static step is passed in
+            if g.name not in modules or g.torch_program_only:  # the static step is passed in
                 continue
             dtype = dtypes.get(g.name, fp32)
             mod = modules[g.name].to(device)

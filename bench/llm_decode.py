@@ -6,15 +6,16 @@ of recipes/cpu-torch.yaml is built for this machine's device through the cached 
 target is the GPU's own, e.g. h100; CUDA packages are compiled on that GPU). Then, same inputs:
 - decode: a past of ``--past`` positions, ``--tokens`` one-token steps with the cache kept on the
   device, timed in interleaved pairs against the FP32 eager step (the project's ratio method),
-  through ``llm_step`` on the growing cache and, on a GPU, through ``llm_step_static`` over a cache
-  of fixed size replayed as a CUDA graph (backends/torch/static_decode.py; CPU engines lack it);
+  through ``llm_step`` on the growing cache and, on a GPU (or a CPU with ``--static-cache``), through
+  ``llm_step_static`` over a cache of fixed size written in place, replayed as a CUDA graph on a GPU
+  (backends/torch/static_decode.py); with both, also the static loop against the growing one, paired;
 - floor: bytes one step reads (the program's weights + the mean KV cache) / the device's memory
   throughput measured in the same run: the larger of a large tensor copy's (read + write bytes)
   and a large GEMV's (matrix bytes), since on some CPUs the GEMV streams faster (stream_bytes_per_s);
 - quality: teacher-forced logit cosine against the PyTorch FP32 reference.
 
 Usage: python bench/llm_decode.py [--device auto|cpu|cuda] [--formats fp32,bf16,int8,fp8]
-       [--batches 1,8] [--model builtin:random-0.5b]
+       [--batches 1,8] [--model builtin:random-0.5b] [--static-cache]
 Writes artifacts/bench/llm_decode-<device>.json and prints a Markdown table.
 """
 
@@ -152,6 +153,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--artifacts", default=str(REPO / "artifacts"))
     ap.add_argument("--build-only", action="store_true", help="build (or find cached) the engines and stop")
+    ap.add_argument("--static-cache", action="store_true",
+                    help="on a CPU, build the static-cache step too (the torch backend's static_cache option)")
     args = ap.parse_args()
     art = Path(args.artifacts)
 
@@ -182,10 +185,13 @@ def main() -> int:
             # "int8-cosycompile": INT8 linears on the project's own operator instead of torch._int_mm.
             base, _, kernel = fmt.partition("-")
             stages["llm"] = {"quantize": {"format": base, **({"kernel": kernel} if kernel else {})}}
+        if args.static_cache and device == "cpu":
+            stages.setdefault("llm", {})["engine"] = {"backend": "torch", "options": {"static_cache": True}}
         body = {"extends": str(REPO / "recipes" / "cpu-torch.yaml"), "model": args.model, "target": target,
                 "stages": stages}
         graphs = "llm.quantize" if fmt != "fp32" else "llm.export"
-        built[fmt] = build_steps(body, f"bench-llm-{target}-{fmt}", ["llm.engine", graphs, "model"], art)
+        name = f"bench-llm-{target}-{fmt}" + ("-static" if "engine" in stages.get("llm", {}) else "")
+        built[fmt] = build_steps(body, name, ["llm.engine", graphs, "model"], art)
         built[fmt]["graphs"] = built[fmt][graphs]
     build_s = time.perf_counter() - t0
     print(f"engines {', '.join(formats)} for {target}: {build_s:.0f} s (build or cache)", flush=True)
@@ -227,8 +233,9 @@ def main() -> int:
             o = runner.run({names.input_names[0]: embeds, names.input_names[1]: cache})
             return o[names.output_names[0]], o[names.output_names[1]]
 
-        # The static-cache package (GPU targets' engines only) decodes as a CUDA graph.
-        loops = {"growing cache": None, "static cache, CUDA graph": rt.kept}
+        # The static-cache package (GPU targets' engines, CPU ones with static_cache) decodes as a CUDA
+        # graph on a GPU.
+        loops = {"growing cache": None, "static cache" + (", CUDA graph" if device == "cuda" else ""): rt.kept}
         for batch in batches:
             run_eager = decoder(lambda e, c: eager(e, c), torch, device, batch, args.past, args.tokens, **shape)
             kv = batch * kv_bytes_per_position * (args.past + args.tokens / 2)
@@ -248,6 +255,16 @@ def main() -> int:
                                     "speedup_vs_eager_fp32": r.ratio, "spread": r.spread, "pairs": r.pairs,
                                     "weight_bytes": weights, "bytes_per_token": weights + kv,
                                     "floor_ms_per_token": floor_ms, "logit_cosine": cosine})
+            if rt.kept is not None:
+                # The two loops of one package head to head: what keeping the cache in place gives.
+                grow = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape)
+                kept = decoder(package_step, torch, device, batch, args.past, args.tokens, **shape,
+                               static=rt.kept.decoder())
+                r = paired_ratio(grow, kept, pairs=args.pairs, min_seconds=args.min_seconds)
+                out["head_to_head"] = [*out.get("head_to_head", []), {
+                    "format": fmt, "batch": batch, "growing_ms_per_token": 1000 * r.reference_s / args.tokens,
+                    "static_ms_per_token": 1000 * r.candidate_s / args.tokens, "static_vs_growing": r.ratio,
+                    "spread": r.spread, "pairs": r.pairs}]
     dest = art / "bench" / f"llm_decode-{device}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=1, default=float))
@@ -271,6 +288,10 @@ def main() -> int:
             print(f"  {row['format']} {row['loop']} batch {row['batch']}, {state.replace('_', ' ')} ({st['pairs']} pairs, "
                   f"copy {st['copy_gb_per_s']:.0f} GB/s): {1000 * st['built_s'] / args.tokens:.2f} ms/token, eager "
                   f"{1000 * st['reference_s'] / args.tokens:.2f}, {st['speedup']:.2f}x")
+    for row in out.get("head_to_head", []):
+        print(f"  {row['format']} batch {row['batch']}: static cache {row['static_ms_per_token']:.3f} ms/token against "
+              f"growing {row['growing_ms_per_token']:.3f}, {row['static_vs_growing']:.3f}x ({row['spread'][0]:.3f}-"
+              f"{row['spread'][1]:.3f}, {row['pairs']} pairs)")
     print(f"result: {dest}")
     return 0
 

@@ -177,6 +177,8 @@ def plan_build(recipe: Recipe, until: str | None = None, engines_from: Path | No
         elif consumes == "program":
             run, code, params, what = (PROGRAM_EXPORT, _module_roots(sinfo, "modules") + (PROGRAM_EXPORT.split(":")[0],),
                                        {"stage": name, "target_kind": target.kind}, "as torch.export programs")
+            if getattr(typed["options"], "static_cache", False) and target.kind == "cpu":
+                params["static_cache"] = True  # set only when on, so other recipes keep their cache keys
         else:
             run, code, params, what = (sinfo.ref("export"), _module_roots(sinfo, "modules", "export"),
                                        {"opset": spec.export.opset}, "to ONNX")

@@ -18,10 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cosycompile.core.plugins import discover, load_object, resolve_ref
 from cosycompile.core.targets import Target
+
+
+def option_error(key: str, value: Any, message: str) -> ValidationError:
+    """The error a backend's options validator raises for one option: the recipe's message then
+    names ``stages.<stage>.engine.options.<key>`` and ``message``, without pydantic's decoration."""
+    return ValidationError.from_exception_data("Options", [InitErrorDetails(
+        type=PydanticCustomError("backend_option", message), loc=(key,), input=value)])
 
 
 @dataclass(frozen=True)

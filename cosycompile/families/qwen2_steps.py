@@ -19,7 +19,7 @@ from torch import nn
 class BuiltOnFirstUse(Mapping[str, Any]):
     """Graph modules made when first looked up. The static step copies each layer's q/k/v and gate/up
     into merged matrices (memory and seconds worth sparing for the 0.5B LM: docs/bench-log/2026-11-27-h100-fp8.md),
-    and only a GPU program export reads it:
+    and only a torch program export reads it (a GPU target's, or a CPU target's with ``static_cache``):
     ONNX exports and the PyTorch reference never do."""
 
     def __init__(self, makers: dict[str, Callable[[], Any]]) -> None:

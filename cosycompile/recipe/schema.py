@@ -382,7 +382,7 @@ def _check_combinations(recipe: Recipe, located: Located) -> None:
         if problem:
             raise RecipeError(f"{where}: backend '{info.name}' cannot build for target '{recipe.target}': {problem}")
         options = _plugin_spec(info.options, spec.engine.options, located, base + ("engine", "options"),
-                               context={"target": target})
+                               context={"target": target, "stage": name})
         q = spec.quantize
         qwhere = base + ("quantize",)
         if not isinstance(q.get("format", "fp32"), str):

@@ -38,8 +38,8 @@ def reference_runtime(stage: str, models: Any) -> Any:
 
     sinfo = get_stage(stage)
     modules, assets, info = sinfo.hook("modules")(models)
-    # A graph only GPU programs carry (the static-cache LLM step) adds nothing to a CPU reference.
-    runners = {g.name: TorchRunner(modules[g.name], g) for g in sinfo.graphs if not g.gpu_program_only}
+    # The static-cache LLM step (a torch program only) adds nothing to the eager reference: it decodes the same.
+    runners = {g.name: TorchRunner(modules[g.name], g) for g in sinfo.graphs if not g.torch_program_only}
     return get_family(models.family).hook("runtimes", stage).from_runners(runners, assets, info)
 
 

@@ -51,9 +51,9 @@ class GraphSpec:
     calib_crop_dim: str | None = None  # dynamic dim along which calibration records are cropped to agree
     quantizable: bool = False  # whether ONNX quantizers should quantize this graph
     fixed: dict[str, int] = field(default_factory=dict)  # constant dims not taken from model info
-    # Exported only as a torch program for a GPU target, never to ONNX nor for a CPU: the static-cache
-    # decode step, whose point is a CUDA graph (on a CPU it decodes no faster than the growing cache).
-    gpu_program_only: bool = False
+    # Exported only as a torch program, never to ONNX: for a GPU target always, for a CPU target when
+    # the torch backend's ``static_cache`` asks (the static-cache decode step, a CUDA graph on a GPU).
+    torch_program_only: bool = False
 
     @property
     def input_names(self) -> list[str]:

@@ -159,7 +159,8 @@ def _export_graphs(ctx: StepContext, stage: str, write: Any, fmt: str = "onnx") 
     info = {**info, "family": models.family, **ctx.params.get("runtime", {})}
     gd = GraphsDir(ctx.out, stage, {}, {}, dict(info))
     for spec in sinfo.graphs:
-        if spec.gpu_program_only and (fmt == "onnx" or ctx.params.get("target_kind") != "gpu"):
+        if spec.torch_program_only and (fmt == "onnx" or (ctx.params.get("target_kind") != "gpu"
+                                                           and not ctx.params.get("static_cache"))):
             continue
         ctx.log(f"exporting {spec.name}")
         file, mins = write(spec, modules[spec.name], info)

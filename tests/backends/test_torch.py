@@ -67,15 +67,17 @@ def test_the_llm_step_compiles_and_matches_the_reference(llm_build: tuple[Path, 
     assert passport["backend"] == "torch" and passport["device"] == "cpu" and passport["precision"] == "fp32"
     assert passport["cpu_capability"] and passport["inductor"]["freezing"] is True
     graphs = json.loads((engine / "graphs.json").read_text())["graphs"]
-    assert set(graphs) == {"llm_step"}  # the static-cache step is for GPU targets only
+    assert set(graphs) == {"llm_step"}  # a CPU target carries the static-cache step only when asked
     assert graphs["llm_step"]["format"] == "aoti" and (engine / graphs["llm_step"]["file"]).suffix == ".pt2"
     assert not list(engine.rglob("*.onnx"))
 
 
 def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path: Path, seed: Path) -> None:
-    """``kernel: cosycompile``: the quantize step compiles the operator library into its output, the
-    engine dir links it beside the package and names it in the passport, the build's check passes, and
-    a copy of the engine dir alone runs in a fresh process (as on another server of the same CPU class)."""
+    """``kernel: cosycompile`` with ``static_cache`` (as recipes/cpu-torch-int8.yaml): the quantize step
+    compiles the operator library into its output, the engine dir links it beside both packages and
+    names it in the passport, the build's check passes, and a copy of the engine dir alone runs in a
+    fresh process (as on another server of the same CPU class), where the static-cache decoder, its
+    cache grown past a block, gives the growing-cache step's logits."""
     import subprocess
     import sys
 
@@ -84,7 +86,8 @@ def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path:
     recipe = write_recipe(tmp_path / "llm-own-op.yaml", {
         "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "torch-llm-own-op",
         "stages": {"flow": {"enabled": False}, "hift": {"enabled": False},
-                   "llm": {"quantize": {"format": "int8", "kernel": "cosycompile"}}},
+                   "llm": {"quantize": {"format": "int8", "kernel": "cosycompile"},
+                           "engine": {"backend": "torch", "options": {"static_cache": True}}}},
         "validation": {"max_items": 1, "speed": {"runs": 1, "throughput": []}},
     })
     art, out = seeded(seed, tmp_path / "art"), {}
@@ -95,19 +98,29 @@ def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path:
     llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
     assert llm["logit_cosine"] >= 0.99 and 0 < llm["max_abs_logit_error"], llm
     engine = out["llm.engine"]
+    assert set(json.loads((engine / "graphs.json").read_text())["graphs"]) == {"llm_step", "llm_step_static"}
     library = library_in(engine)
     assert library is not None and json.loads((engine / "engine.json").read_text())["torch_ops"] == library.name
     moved = tmp_path / "elsewhere" / "engine"
     shutil.copytree(engine, moved)
     script = ("import sys, numpy as np; from pathlib import Path; from cosycompile.backends.torch.build import load; "
-              "r = load(Path(sys.argv[1]), 2)['llm_step']; "
-              "o = r.run({'inputs_embeds': np.zeros((1, 3, int(sys.argv[2])), np.float32), "
+              "rs = load(Path(sys.argv[1]), 2); r = rs['llm_step']; d = rs['llm_step_static'].decoder(); "
+              "rng = np.random.default_rng(0); H = int(sys.argv[2]); "
+              "o = r.run({'inputs_embeds': rng.standard_normal((1, 3, H), np.float32), "
               "'past_key_values': np.zeros((int(sys.argv[3]), 2, 1, int(sys.argv[4]), 0, int(sys.argv[5])), np.float32)}); "
-              "print(o['logits'].shape, bool(np.isfinite(o['logits']).all()))")
+              "cache = o['present_key_values']; d.start(cache, 40); worst = scale = 0.0\n"
+              "for _ in range(40):\n"
+              "    e = rng.standard_normal((1, 1, H), np.float32); o = r.run({'inputs_embeds': e, 'past_key_values': cache})\n"
+              "    cache = o['present_key_values']; worst = max(worst, float(np.abs(d.step(e) - o['logits']).max()))\n"
+              "    scale = max(scale, float(np.abs(o['logits']).max()))\n"
+              "print(d.capacity, worst / scale)")
     info = json.loads((engine / "graphs.json").read_text())["info"]
     dims = [str(info[k]) for k in ("hidden_size", "num_layers", "kv_heads", "head_dim")]
     ran = subprocess.run([sys.executable, "-c", script, str(moved), *dims], capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0 and ran.stdout.strip().endswith("True"), ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    capacity, relative = ran.stdout.split()[-2:]
+    # 43 positions: the decoder's cache has grown by a block; INT8 rounding differs only by summation order.
+    assert int(capacity) == 64 and float(relative) < 1e-3, ran.stdout
 
 
 @pytest.mark.extended
@@ -276,6 +289,15 @@ def test_recipe_errors(tmp_path: Path, stage: str, quantize: dict, backend: str,
     res = run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art"))
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_static_cache_is_an_llm_option(tmp_path: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "extends": str(REPO / "recipes" / "cpu-torch.yaml"), "name": "bad",
+        "stages": {"flow": {"engine": {"backend": "torch", "options": {"static_cache": True}}}}})
+    res = run_cli("plan", str(recipe), "--artifacts", str(tmp_path / "art"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "stages.flow.engine.options.static_cache': only the llm stage decodes over a KV cache" in res.stderr
 
 
 def test_gpu_target_without_cuda_is_left_for_a_gpu_machine(tmp_path: Path, seed: Path) -> None:

@@ -83,7 +83,7 @@ def test_parts_give_every_graph_of_every_stage_its_specs_shapes(name: str) -> No
         modules, assets, consts = stage_parts(models, stage)
         assert all(isinstance(a, np.ndarray) for a in assets.values()), stage
         for spec in get_stage(stage).graphs:
-            if spec.gpu_program_only:
+            if spec.torch_program_only:
                 continue
             sizes = {d.name: d.example for d in spec.dims}
             dummy = spec.dummy_inputs(consts, sizes=sizes)

@@ -20,10 +20,9 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from cosycompile.backends import BackendInfo
+from cosycompile.backends import BackendInfo, option_error
 from cosycompile.core.targets import TARGETS, Target
 
 # Compute capabilities TensorRT-RTX 1.7 compiles for (its ``ComputeCapability`` enum: SM75, SM80,
@@ -68,11 +67,6 @@ def _take_target(context: Any) -> Target | None:
     return None
 
 
-def _error(key: str, value: Any, message: str) -> ValidationError:
-    return ValidationError.from_exception_data("Options", [InitErrorDetails(
-        type=PydanticCustomError("tensorrt_target", message), loc=(key,), input=value)])
-
-
 class Options(BaseModel):
     """TensorRT engine options (``stages.<stage>.engine.options``). Every option is read by ``build``."""
 
@@ -110,20 +104,20 @@ class Options(BaseModel):
         options = self
         flavour = resolve_flavour(options.flavour, target) if target is not None else options.flavour
         if options.builder_fp16 and flavour == "rtx":
-            raise _error("builder_fp16", True, "builder_fp16 is TensorRT 10's FP16 flag; TensorRT-RTX takes precision "
-                                               "from the ONNX only (quantize: {format: fp16})")
+            raise option_error("builder_fp16", True, "builder_fp16 is TensorRT 10's FP16 flag; TensorRT-RTX takes precision "
+                                                     "from the ONNX only (quantize: {format: fp16})")
         if options.version_compatible and flavour == "rtx":
-            raise _error("version_compatible", True, "TensorRT-RTX engines run only on the TensorRT-RTX release that "
-                                                     "built them (no lean runtime to embed)")
+            raise option_error("version_compatible", True, "TensorRT-RTX engines run only on the TensorRT-RTX release that "
+                                                           "built them (no lean runtime to embed)")
         if target is None or target.sm is None:
             return options
         if flavour == "rtx" and target.sm not in RTX_SMS:
             cc = ", ".join(f"sm{a}{b}" for a, b in RTX_SMS)
-            raise _error("flavour", options.flavour, f"TensorRT-RTX cannot build for target '{target.name}' "
-                                                     f"({target.sm_tag}; it compiles for {cc}); use flavour tensorrt")
+            raise option_error("flavour", options.flavour, f"TensorRT-RTX cannot build for target '{target.name}' "
+                                                           f"({target.sm_tag}; it compiles for {cc}); use flavour tensorrt")
         if options.hardware_compatibility == "ampere_plus" and target.sm < (8, 0):
-            raise _error("hardware_compatibility", "ampere_plus",
-                         f"ampere_plus engines run on sm80 and newer; target '{target.name}' is {target.sm_tag}")
+            raise option_error("hardware_compatibility", "ampere_plus",
+                               f"ampere_plus engines run on sm80 and newer; target '{target.name}' is {target.sm_tag}")
         return options
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cosycompile.backends import BackendInfo
+from cosycompile.backends import BackendInfo, option_error
 from cosycompile.core.targets import Target
 
 # Formats whose programs this backend compiles: bf16/fp16 from torch_autocast, int8/fp8 linears
@@ -31,6 +31,19 @@ class Options(BaseModel):
     freezing: bool = Field(True, description="fold weights into the compiled graph as constants (and let Inductor "
                                              "pre-pack them for oneDNN where it can)")
     max_autotune: bool = Field(False, description="benchmark GEMM/conv kernel choices while compiling (slow builds)")
+    static_cache: bool = Field(False, description="llm stage on a CPU target: also compile the one-token decode step "
+                                                  "over a KV cache of fixed size that the runtime writes in place "
+                                                  "(no new cache each token; a second package, so a longer build "
+                                                  "and a larger engine). GPU targets always carry it, as a CUDA graph")
+
+    @model_validator(mode="after")
+    def _llm_only(self, info: Any) -> "Options":
+        # recipe/schema.py validates engine options with the stage's name as pydantic context.
+        stage = info.context.get("stage") if isinstance(info.context, dict) else None
+        if self.static_cache and stage is not None and stage != "llm":
+            raise option_error("static_cache", True, f"only the llm stage decodes over a KV cache; stage '{stage}' "
+                                                     "has none to keep")
+        return self
 
 
 def check_format(stage: str, fmt: str, options: Any, opset: int) -> tuple[str, str] | None:

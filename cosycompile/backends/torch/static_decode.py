@@ -8,6 +8,12 @@ it replays fixed shapes and fixed addresses, which a cache that grows by one pos
 and returns the new token's keys and values; this module owns that cache and writes them into slot
 ``position`` inside the same replay, so the host only copies the next embedding in and the logits
 out.
+
+A CPU has no graph to replay, but the growing cache costs it too: ``llm_step`` returns a new present
+cache every token, a larger allocation each time, which the C allocator maps afresh and the kernel
+zeroes page by page (docs/bench-log/2026-12-04-llm-step-allocator-zen4.md). Without a capture the
+decoder's cache therefore grows in small blocks, copied once a block, and the step only writes the
+new token's slot.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ import torch
 
 # The cache is allocated in whole blocks of slots, so utterances of similar length share a capture.
 SLOT_BLOCK = 256
+# Without a capture (a CPU) the cache instead grows by this many slots whenever it is full: the step
+# reads every slot, masked or not, so the fewer spare slots the less it reads, and copying the cache
+# once every this many tokens costs next to nothing.
+GROWTH_BLOCK = 32
 
 
 def slots_for(positions: int, max_slots: int | None = None) -> int:
@@ -71,7 +81,10 @@ class StaticCacheDecoder:
         L, two, B, KVH, P, D = present.shape
         if not self.fits(P + max_new):
             raise ValueError(f"{P} + {max_new} positions exceed the {self.max_slots} slots the step was compiled for")
-        slots = slots_for(P + max_new, self.max_slots)
+        if self.cuda_graph:
+            slots = slots_for(P + max_new, self.max_slots)
+        else:
+            slots = self._grown(P + 1)
         shape = (L, two, B, KVH, slots, D)
         if self.key_values is None or tuple(self.key_values.shape) != shape or self.key_values.dtype != present.dtype:
             # New shapes mean new buffers, and a capture over the old addresses is no longer valid.
@@ -82,6 +95,23 @@ class StaticCacheDecoder:
         self.key_values[..., :P, :].copy_(present)
         self.position.fill_(P)
         self._next = P
+
+    def _grown(self, positions: int) -> int:
+        """Slots for ``positions`` without a capture: whole growth blocks, within ``max_slots``."""
+        slots = -(-positions // GROWTH_BLOCK) * GROWTH_BLOCK
+        return slots if self.max_slots is None else min(slots, self.max_slots)
+
+    def _grow(self) -> bool:
+        """Room for one more position in a larger cache (no capture holds the old one's address);
+        False when the cache is already as large as the program allows."""
+        assert self.key_values is not None
+        slots = self._grown(self.capacity + 1)
+        if slots <= self.capacity:
+            return False
+        grown = self.key_values.new_zeros((*self.key_values.shape[:4], slots, self.key_values.shape[5]))
+        grown[..., :self.capacity, :].copy_(self.key_values)
+        self.key_values = grown
+        return True
 
     def _run(self, embeds: torch.Tensor) -> torch.Tensor:
         assert self.key_values is not None
@@ -115,7 +145,7 @@ class StaticCacheDecoder:
             return self.step(torch.from_numpy(np.ascontiguousarray(embeds))).float().cpu().numpy()
         if self.key_values is None:
             raise RuntimeError("start() the decoder with a prefill cache first")
-        if self._next >= self.capacity:
+        if self._next >= self.capacity and (self.cuda_graph or not self._grow()):
             raise RuntimeError(f"the static KV cache is full ({self.capacity} slots)")
         self._next += 1
         with torch.inference_mode():

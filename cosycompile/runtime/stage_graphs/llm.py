@@ -17,7 +17,8 @@ LLM_STEP = GraphSpec(
 )
 
 # The decode step over a cache of fixed size (a family's LLMStaticStep, e.g. cosyvoice2.qwen2lm) that the torch backend's
-# runtime replays as a CUDA graph; only torch programs for a GPU target carry it.
+# runtime writes in place, replayed as a CUDA graph on a GPU; torch programs for a GPU target always carry it,
+# a CPU target's when its recipe sets the torch backend's static_cache.
 LLM_STEP_STATIC = GraphSpec(
     name="llm_step_static",
     inputs=(Tensor("inputs_embeds", "float32", ("batch", 1, "hidden_size")),
@@ -27,5 +28,5 @@ LLM_STEP_STATIC = GraphSpec(
              Tensor("new_key_values", "float32", ("num_layers", 2, "batch", "kv_heads", 1, "head_dim"))),
     dims=(Dim("batch", 1, 1, 16, 1), Dim("slots", 2, 1024, 4096, 4)),
     tolerance=1e-3,
-    gpu_program_only=True,
+    torch_program_only=True,
 )

@@ -1,5 +1,6 @@
 """The static-cache decode step (``LLMStaticStep``) and the decoder that owns its cache, on the CPU:
-the same logits as the growing-cache step, slots past the position ignored, a full cache refused."""
+the same logits as the growing-cache step, slots past the position ignored, a cache that grows in
+blocks without a capture, a full cache refused."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cosycompile.backends.torch.static_decode import SLOT_BLOCK, DecoderPerThread, StaticCacheDecoder, slots_for
+from cosycompile.backends.torch.static_decode import (GROWTH_BLOCK, SLOT_BLOCK, DecoderPerThread, StaticCacheDecoder,
+                                                      slots_for)
 from cosycompile.families.qwen2_steps import LLMDecodeStep, LLMStaticStep
 
 
@@ -30,10 +32,12 @@ def test_decoder_follows_the_growing_cache_step(tiny_models: Any, batch: int) ->
     growing = LLMDecodeStep(lm).eval()
     decoder = StaticCacheDecoder(LLMStaticStep(lm).eval(), "cpu")
     assert not decoder.cuda_graph
-    decoder.start(past, 12)
-    assert decoder.capacity == SLOT_BLOCK
+    # Without a capture the cache starts one growth block large and grows past it.
+    tokens = GROWTH_BLOCK + 5
+    decoder.start(past, tokens)
+    assert decoder.capacity == GROWTH_BLOCK
     worst = 0.0
-    for _ in range(12):
+    for _ in range(tokens):
         embeds = torch.randn(batch, 1, lm.cfg.hidden_size, generator=gen)
         with torch.inference_mode():
             want, past = growing(embeds, past)
@@ -41,6 +45,7 @@ def test_decoder_follows_the_growing_cache_step(tiny_models: Any, batch: int) ->
         assert got.shape == want.shape
         worst = max(worst, float((got - want).abs().max()))
     assert worst < 1e-5
+    assert decoder.capacity == 2 * GROWTH_BLOCK
     # The decoder's cache holds what the growing step's present holds, slot for slot.
     assert torch.allclose(decoder.key_values[..., :past.shape[4], :], past, atol=1e-5)
 
@@ -77,8 +82,10 @@ def test_numpy_in_numpy_out_and_a_full_cache_is_refused(tiny_models: Any) -> Non
     decoder.start(past.numpy(), 4)
     out = decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
     assert isinstance(out, np.ndarray) and out.shape == (1, 1, lm.speech_token_size + 3)
-    for _ in range(decoder.capacity - 4):
+    # The cache grows block by block up to the program's 300 slots (not a whole block past them).
+    for _ in range(300 - 4):
         decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
+    assert decoder.capacity == 300
     with pytest.raises(RuntimeError, match="cache is full"):
         decoder.step(np.zeros((1, 1, lm.cfg.hidden_size), np.float32))
     assert slots_for(1) == SLOT_BLOCK and slots_for(SLOT_BLOCK + 1) == 2 * SLOT_BLOCK
