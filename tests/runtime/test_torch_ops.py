@@ -208,7 +208,7 @@ def test_int8_attention_kernels_follow_the_cpu_and_a_wrong_one_is_refused(torch_
     from cosycompile.runtime.host import cpu_flags
 
     kernels = torch.ops.cosycompile.int8_attention_kernels()
-    assert ("vnni" in kernels) == ({"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()) and "portable" in kernels
+    assert ("vnni" in kernels) == ({"avx512f", "avx512bw", "avx512dq", "avx512_vnni"} <= cpu_flags()) and "portable" in kernels
     q = torch.zeros(1, 1, 4, 16)
     with pytest.raises(RuntimeError, match="no kernel avx3"):
         torch.ops.cosycompile.int8_attention_with(q, q, q, None, 0.25, "avx3")

@@ -36,6 +36,7 @@ using cosycompile_ops::dpbusd;
 using cosycompile_ops::has_avx512_vnni;
 using cosycompile_ops::lanes;
 using cosycompile_ops::quantize_avx512;
+using cosycompile_ops::ScaleBy;
 #endif
 
 namespace {
@@ -58,8 +59,9 @@ const char* const KERNEL_NAMES[] = {"vnni", "portable"};
 
 float scale_of(float amax) { return std::max(amax, 1e-8f) * (1.f / LEVELS); }
 
-int8_t quantize(float x, float s) {
-  return static_cast<int8_t>(std::min(LEVELS, std::max(-LEVELS, std::nearbyint(x / s))));
+// x times a scale's reciprocal, 1 / s as the composite takes it (a float division), rounded and clamped.
+int8_t quantize(float x, float inverse) {
+  return static_cast<int8_t>(std::min(LEVELS, std::max(-LEVELS, std::nearbyint(x * inverse))));
 }
 
 // 2^y for y <= 0 as the composite's exp2_nonpositive computes it; 0 below 2^-30 and for NaN.
@@ -102,8 +104,9 @@ Quantized quantize_kv(const Head& h) {
     for (int64_t d = 0; d < h.D; ++d) amax = std::max(amax, std::fabs(h.k[s * h.k_row + d]));
   r.k_scale = scale_of(amax);
   r.k.resize(h.S * h.D);
+  const float k_inverse = 1.f / r.k_scale;
   for (int64_t s = 0; s < h.S; ++s)
-    for (int64_t d = 0; d < h.D; ++d) r.k[s * h.D + d] = quantize(h.k[s * h.k_row + d], r.k_scale);
+    for (int64_t d = 0; d < h.D; ++d) r.k[s * h.D + d] = quantize(h.k[s * h.k_row + d], k_inverse);
   std::vector<float> vmax(h.D, 0.f);
   for (int64_t s = 0; s < h.S; ++s)
     for (int64_t d = 0; d < h.D; ++d) vmax[d] = std::max(vmax[d], std::fabs(h.v[s * h.v_row + d]));
@@ -111,7 +114,7 @@ Quantized quantize_kv(const Head& h) {
   for (int64_t d = 0; d < h.D; ++d) r.v_scale[d] = scale_of(vmax[d]);
   r.v.resize(h.S * h.D);
   for (int64_t s = 0; s < h.S; ++s)
-    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.v_row + d], r.v_scale[d]);
+    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.v_row + d], 1.f / r.v_scale[d]);
   return r;
 }
 
@@ -122,7 +125,8 @@ float quantize_query(const Head& h, const Quantized& kv, int64_t t, int8_t* q) {
   float amax = 0.f;
   for (int64_t d = 0; d < h.D; ++d) amax = std::max(amax, std::fabs(row[d]));
   const float s = scale_of(amax);
-  for (int64_t d = 0; d < h.D; ++d) q[d] = quantize(row[d], s);
+  const float inverse = 1.f / s;
+  for (int64_t d = 0; d < h.D; ++d) q[d] = quantize(row[d], inverse);
   return amax * (kv.k_scale * h.score_scale);
 }
 
@@ -163,8 +167,8 @@ void portable_head(const Head& h) {
       const int32_t ps = p[s];
       for (int64_t d = 0; d < D; ++d) acc[d] += ps * kv.v[s * D + d];
     }
-    const float norm = P_STEPS * sum;
-    for (int64_t d = 0; d < D; ++d) h.out[t * D + d] = norm > 0.f ? static_cast<float>(acc[d]) * (kv.v_scale[d] / norm) : 0.f;
+    const float norm = P_STEPS * sum, inverse = 1.f / norm;
+    for (int64_t d = 0; d < D; ++d) h.out[t * D + d] = norm > 0.f ? static_cast<float>(acc[d]) * (kv.v_scale[d] * inverse) : 0.f;
   }
 }
 
@@ -203,7 +207,7 @@ Quantized vnni_quantize_kv(const Head& h) {
   }
   r.k_scale = scale_of(_mm512_reduce_max_ps(km));
   r.k.resize(S * D);
-  quantize_avx512(k_rows, S * D, r.k_scale, r.k.data());
+  quantize_avx512(k_rows, S * D, 1.f / r.k_scale, r.k.data(), ScaleBy::multiplying);
   const float* v_rows = copy_v ? buf : h.v;  // K is quantized: the buffer is free for V
   const int64_t D16 = (D + 15) / 16 * 16;
   std::vector<float> vmax(D16, 0.f);
@@ -217,15 +221,18 @@ Quantized vnni_quantize_kv(const Head& h) {
     }
   }
   r.v_scale.resize(D);
-  for (int64_t d = 0; d < D; ++d) r.v_scale[d] = scale_of(vmax[d]);
+  std::vector<float> v_inverse(D16, 0.f);
+  for (int64_t d = 0; d < D; ++d) {
+    r.v_scale[d] = scale_of(vmax[d]);
+    v_inverse[d] = 1.f / r.v_scale[d];
+  }
   r.v.resize(S * D);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t d = 0; d < D; d += 16) {
       const __mmask16 live = lanes(D - d);
-      // Masked-off lanes divide 0 by 0: their NaN converts to something never stored.
-      const __m512 vs = _mm512_maskz_loadu_ps(live, r.v_scale.data() + d);
-      const __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, v_rows + s * D + d), vs));
+      const __m512 inverse = _mm512_loadu_ps(v_inverse.data() + d);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(live, v_rows + s * D + d), inverse));
       _mm512_mask_cvtepi32_storeu_epi8(r.v.data() + s * D + d, live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, q)));
     }
   return r;
@@ -303,6 +310,37 @@ void vnni_bias(const float* mask, int64_t S, int64_t S16, float* bias) {
   }
 }
 
+// Scores of R query rows against J blocks of 16 keys from block j (R * J accumulator chains, enough to
+// cover VPDPBUSD's latency where a core issues two a cycle), rescaled, plus each row's bias, into
+// scores[r][j * 16 ..).
+template <int R, int J>
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) inline void vnni_score_blocks(
+    const Packed& p, int64_t j, const uint8_t* q, const float* factor, const float* const* bias, float* scores,
+    int64_t stride) {
+  __m512i acc[J * R];  // one dimension: GCC keeps a two-dimensional one in memory across the loop
+  for (int b = 0; b < J; ++b) {
+    const __m512i start = _mm512_loadu_si512(p.k_offset.data() + (j + b) * 16);
+    for (int r = 0; r < R; ++r) acc[b * R + r] = start;
+  }
+  const int8_t* kb = p.k.data() + j * p.D4 * 64;
+  for (int64_t dd = 0; dd < p.D4; ++dd) {
+    __m512i kv[J];
+    for (int b = 0; b < J; ++b) kv[b] = _mm512_loadu_si512(kb + (b * p.D4 + dd) * 64);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, q + r * p.D4 * 4 + dd * 4, 4);
+      const __m512i qb = _mm512_set1_epi32(four);
+      for (int b = 0; b < J; ++b) acc[b * R + r] = dpbusd(acc[b * R + r], qb, kv[b]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int b = 0; b < J; ++b) {
+      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[b * R + r]), _mm512_set1_ps(factor[r])),
+                                      _mm512_loadu_ps(bias[r] + (j + b) * 16));
+      _mm512_storeu_ps(scores + r * stride + (j + b) * 16, sc);
+    }
+}
+
 // Scores of R query rows (unsigned bytes q + 128, D4 dwords each) against every key, rescaled, plus
 // each row's bias (vnni_bias), into scores[r][0 .. 16 S16) (past S they are -inf), and each row's
 // maximum.
@@ -310,50 +348,63 @@ template <int R>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_scores(const Packed& p, const uint8_t* q, const float* factor, const float* const* bias, float* scores,
                  int64_t stride, float* row_max) {
-  __m512 vmax[R];
-  for (int r = 0; r < R; ++r) vmax[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t j = 0; j < p.S16; ++j) {
-    const __m512i start = _mm512_loadu_si512(p.k_offset.data() + j * 16);
-    __m512i acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = start;
-    const int8_t* kb = p.k.data() + j * p.D4 * 64;
-    for (int64_t dd = 0; dd < p.D4; ++dd) {
-      const __m512i kv = _mm512_loadu_si512(kb + dd * 64);
-      for (int r = 0; r < R; ++r) {
-        int32_t four;
-        std::memcpy(&four, q + r * p.D4 * 4 + dd * 4, 4);
-        acc[r] = dpbusd(acc[r], _mm512_set1_epi32(four), kv);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 sc = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(factor[r])),
-                                      _mm512_loadu_ps(bias[r] + j * 16));
-      vmax[r] = _mm512_max_ps(vmax[r], sc);
-      _mm512_storeu_ps(scores + r * stride + j * 16, sc);
-    }
+  int64_t j = 0;
+  for (; j + 2 <= p.S16; j += 2) vnni_score_blocks<R, 2>(p, j, q, factor, bias, scores, stride);
+  for (; j < p.S16; ++j) vnni_score_blocks<R, 1>(p, j, q, factor, bias, scores, stride);
+  // The maxima in a pass of their own over the rows just written (in L1): kept in registers beside the
+  // products' accumulators, they would push those out to the stack.
+  for (int r = 0; r < R; ++r) {
+    __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t i = 0; i < p.S16; ++i) m = _mm512_max_ps(m, _mm512_loadu_ps(scores + r * stride + i * 16));
+    row_max[r] = _mm512_reduce_max_ps(m);
   }
-  for (int r = 0; r < R; ++r) row_max[r] = _mm512_reduce_max_ps(vmax[r]);
+}
+
+// 2^y for the lanes of y at or above the floor (0 elsewhere, NaN included) as exp2_nonpositive: the
+// fraction f = y - floor(y) from VREDUCEPS, 2^floor(y) applied by VSCALEFPS, which floors its exponent
+// operand itself and for the integers >= -30 the floor keeps is exact (the composite's exponent bits).
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512 exp2_lanes(__m512 y) {
+  const __m512 f = _mm512_reduce_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m512 frac = _mm512_add_ps(
+      _mm512_set1_ps(1.f),
+      _mm512_mul_ps(f, _mm512_add_ps(_mm512_set1_ps(EXP2_C1),
+                                     _mm512_mul_ps(f, _mm512_add_ps(_mm512_set1_ps(EXP2_C2),
+                                                                    _mm512_mul_ps(f, _mm512_set1_ps(EXP2_C3)))))));
+  const __mmask16 kept = _mm512_cmp_ps_mask(y, _mm512_set1_ps(EXP2_FLOOR), _CMP_GE_OQ);  // false for NaN
+  return _mm512_maskz_scalef_ps(kept, frac, y);
+}
+
+// round(254 e) of one vector of e, as 16 dwords in [0, 254] (round half to even, the default
+// rounding mode, as torch.round).
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni"), always_inline)) inline __m512i steps_of(__m512 e) {
+  return _mm512_cvtps_epi32(_mm512_mul_ps(e, _mm512_set1_ps(P_STEPS)));
 }
 
 // The softmax of one row of 16 S16 scores with maximum m into round(254 e) bytes (the padding's -inf
-// gives 0); returns the sum of e. 2^n comes from VSCALEFPS, which for the integer n >= -30 the floor
-// keeps is exact: the same product as the composite's exponent bits.
-__attribute__((target("avx512f,avx512bw,avx512vnni")))
+// gives 0); returns the sum of e. Four vectors at a time narrow to bytes by packing (three shuffles
+// and a permute for 64 bytes, where VPMOVDB takes two operations for each 16).
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vnni")))
 float vnni_probabilities(const float* scores, int64_t S16, float row_max, uint8_t* p) {
   const __m512 m = _mm512_set1_ps(row_max);
-  const __m512 one = _mm512_set1_ps(1.f), c1 = _mm512_set1_ps(EXP2_C1), c2 = _mm512_set1_ps(EXP2_C2),
-               c3 = _mm512_set1_ps(EXP2_C3), floor_ = _mm512_set1_ps(EXP2_FLOOR), steps = _mm512_set1_ps(P_STEPS);
+  // VPACKUSDW and VPACKUSWB interleave their operands by 128-bit lane: dword k of the result holds
+  // vector k % 4's bytes 4 (k / 4) .. 4 (k / 4) + 3; this permute puts them back in order.
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < S16; ++j) {
-    const __m512 y = _mm512_sub_ps(_mm512_loadu_ps(scores + j * 16), m);
-    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512 f = _mm512_sub_ps(y, n);
-    const __m512 frac = _mm512_add_ps(one, _mm512_mul_ps(f, _mm512_add_ps(c1, _mm512_mul_ps(f, _mm512_add_ps(c2, _mm512_mul_ps(f, c3))))));
-    const __mmask16 kept = _mm512_cmp_ps_mask(y, floor_, _CMP_GE_OQ);  // false for NaN
-    const __m512 e = _mm512_maskz_scalef_ps(kept, frac, n);
+  int64_t j = 0;
+  for (; j + 4 <= S16; j += 4) {
+    __m512i w[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512 e = exp2_lanes(_mm512_sub_ps(_mm512_loadu_ps(scores + (j + i) * 16), m));
+      sum = _mm512_add_ps(sum, e);
+      w[i] = steps_of(e);
+    }
+    const __m512i bytes = _mm512_packus_epi16(_mm512_packus_epi32(w[0], w[1]), _mm512_packus_epi32(w[2], w[3]));
+    _mm512_storeu_si512(p + j * 16, _mm512_permutexvar_epi32(order, bytes));
+  }
+  for (; j < S16; ++j) {
+    const __m512 e = exp2_lanes(_mm512_sub_ps(_mm512_loadu_ps(scores + j * 16), m));
     sum = _mm512_add_ps(sum, e);
-    // Round half to even (the default rounding mode), as torch.round; 0 .. 254 fits the low byte.
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j * 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(e, steps))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + j * 16), _mm512_cvtepi32_epi8(steps_of(e)));  // 0 .. 254 fits
   }
   return _mm512_reduce_add_ps(sum);
 }
@@ -394,17 +445,17 @@ void vnni_pv_all(const Packed& p, const uint8_t* probs, int64_t stride, int32_t*
   }
 }
 
-// One output row: acc * (v_scale / norm) per channel, divided as the composite divides.
+// One output row: acc * (v_scale * (1 / norm)) per channel, one division a row, as the composite.
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D, float* out) {
   if (!(norm > 0.f)) {  // no key attended
     std::fill(out, out + D, 0.f);
     return;
   }
-  const __m512 vn = _mm512_set1_ps(norm);
+  const __m512 inverse = _mm512_set1_ps(1.f / norm);
   for (int64_t d = 0; d < D; d += 16) {
     const __mmask16 live = lanes(D - d);
-    const __m512 f = _mm512_div_ps(_mm512_maskz_loadu_ps(live, v_scale + d), vn);
+    const __m512 f = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, v_scale + d), inverse);
     _mm512_mask_storeu_ps(out + d, live, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(live, acc + d)), f));
   }
 }
@@ -425,7 +476,7 @@ void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, 
     const float amax = amax_avx512(row, h.D);
     factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
     int8_t* qr = reinterpret_cast<int8_t*>(q + r * q_bytes);
-    quantize_avx512(row, h.D, scale_of(amax), qr);
+    quantize_avx512(row, h.D, 1.f / scale_of(amax), qr, ScaleBy::multiplying);
     std::fill(qr + h.D, qr + q_bytes, int8_t{0});
     for (int64_t d = 0; d < q_bytes; d += 64) {  // q + 128 as an unsigned byte
       const __mmask64 live = q_bytes - d >= 64 ? ~__mmask64(0) : (__mmask64(1) << (q_bytes - d)) - 1;
@@ -491,7 +542,8 @@ static_assert(ROWS == 8 && PV_ROWS == 4, "vnni_head's tail and vnni_rows' P.V bl
 
 bool can_run(Kernel kernel) {
 #if defined(__x86_64__)
-  if (kernel == Kernel::vnni) return has_avx512_vnni();
+  // The softmax's VREDUCEPS is AVX512DQ, which every CPU with AVX512-VNNI has; asked all the same.
+  if (kernel == Kernel::vnni) return has_avx512_vnni() && __builtin_cpu_supports("avx512dq");
 #else
   if (kernel == Kernel::vnni) return false;
 #endif

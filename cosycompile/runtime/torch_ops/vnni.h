@@ -40,16 +40,24 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline float amax_avx512(
   return _mm512_reduce_max_ps(m);
 }
 
-// x[0 .. n) / s rounded half to even (the default rounding mode, as torch.round and std::nearbyint) and
-// clamped to [-127, 127] into out; returns the sum of those INT8 values.
+// How a quantizer applies its scale: the linear's composite divides by it, the attention's multiplies by
+// its reciprocal (a division costs many multiplications, and the attention quantizes K, V and every query
+// row on each call).
+enum class ScaleBy { dividing, multiplying };
+
+// x[0 .. n) / s (or x[0 .. n) * s where by is multiplying) rounded half to even (the default rounding
+// mode, as torch.round and std::nearbyint) and clamped to [-127, 127] into out; returns the sum of
+// those INT8 values.
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) inline int32_t quantize_avx512(const float* x, int64_t n, float s,
-                                                                                      int8_t* out) {
+                                                                                      int8_t* out,
+                                                                                      ScaleBy by = ScaleBy::dividing) {
   const __m512 vs = _mm512_set1_ps(s);
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
   __m512i sum = _mm512_setzero_si512();
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 live = lanes(n - i);
-    const __m512i r = _mm512_cvtps_epi32(_mm512_div_ps(_mm512_maskz_loadu_ps(live, x + i), vs));
+    const __m512 v = _mm512_maskz_loadu_ps(live, x + i);
+    const __m512i r = _mm512_cvtps_epi32(by == ScaleBy::multiplying ? _mm512_mul_ps(v, vs) : _mm512_div_ps(v, vs));
     const __m512i q = _mm512_maskz_mov_epi32(live, _mm512_min_epi32(hi, _mm512_max_epi32(lo, r)));
     sum = _mm512_add_epi32(sum, q);
     _mm512_mask_cvtepi32_storeu_epi8(out + i, live, q);
