@@ -106,11 +106,13 @@ def test_a_failed_compile_is_one_line_and_leaves_nothing(tmp_path: Path, monkeyp
     assert not dest.exists() or not any(dest.iterdir())
 
 
-ATTENTION_KERNELS = ("vnni", "portable")
+ATTENTION_KERNELS = ("vnni", "portable", "amx")
 # [B, H, T, S, D]: the estimator's heads; a key count that is no multiple of 16 or 4 and a head size
 # that is no multiple of 16 or 4 (the packed layouts' padding); 1 to 7 query rows past a block of 8;
-# D = 128 (two passes of four channel vectors in P.V); one query and one key.
-ATTENTION_SHAPES = [(2, 8, 61, 61, 64), (1, 2, 37, 53, 40), (2, 3, 13, 17, 7), (1, 1, 9, 130, 128), (1, 1, 1, 1, 64)]
+# D = 128 (two passes of four channel vectors in P.V); one query and one key. For the AMX kernel: 13
+# blocks of keys (two rounds of its six result tiles and one left over) and a last tile of 4 query rows.
+ATTENTION_SHAPES = [(2, 8, 61, 61, 64), (1, 2, 37, 53, 40), (2, 3, 13, 17, 7), (1, 1, 9, 130, 128), (1, 1, 1, 1, 64),
+                    (1, 2, 20, 200, 64)]
 
 
 def _mask(kind: str, B: int, H: int, T: int, S: int, gen: Any) -> Any:
@@ -209,6 +211,8 @@ def test_int8_attention_kernels_follow_the_cpu_and_a_wrong_one_is_refused(torch_
 
     kernels = torch.ops.cosycompile.int8_attention_kernels()
     assert ("vnni" in kernels) == ({"avx512f", "avx512bw", "avx512dq", "avx512_vnni"} <= cpu_flags()) and "portable" in kernels
+    # AMX also needs Linux's permission (arch_prctl), so its flags are necessary, not sufficient.
+    assert "amx" not in kernels or {"amx_tile", "amx_int8", "avx512_vnni"} <= cpu_flags()
     q = torch.zeros(1, 1, 4, 16)
     with pytest.raises(RuntimeError, match="no kernel avx3"):
         torch.ops.cosycompile.int8_attention_with(q, q, q, None, 0.25, "avx3")

@@ -10,8 +10,10 @@
 // vector), and the probabilities go to P.V as unsigned bytes round(254 e) directly, so the composite's
 // -127 offset has nothing to take back.
 //
-// Where the CPU has no AVX512-VNNI, a portable kernel runs the same arithmetic in plain loops (the
-// compiler vectorizes them for AVX2 where the CPU has it). cosycompile::int8_attention_with runs one
+// Where the CPU has AMX-INT8 (Sapphire Rapids and later) the two products run as tile multiplies on the
+// same packed K and V (amx_head), the rest as the VNNI kernel. Where the CPU has no AVX512-VNNI, a
+// portable kernel runs the same arithmetic in plain loops (the compiler vectorizes them for AVX2 where
+// the CPU has it). cosycompile::int8_attention_with runs one
 // named kernel (tests check each kernel this CPU can run against the composite);
 // cosycompile::int8_attention_kernels names those kernels.
 
@@ -28,7 +30,10 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "vnni.h"
 using cosycompile_ops::amax_avx512;
@@ -54,8 +59,9 @@ constexpr float EXP2_FLOOR = -30.f;
 constexpr int ROWS = 8;
 constexpr int PV_ROWS = 4;
 
-enum class Kernel { vnni, portable };
-const char* const KERNEL_NAMES[] = {"vnni", "portable"};
+enum class Kernel { vnni, portable, amx };
+const char* const KERNEL_NAMES[] = {"vnni", "portable", "amx"};
+constexpr int KERNEL_COUNT = 3;
 
 float scale_of(float amax) { return std::max(amax, 1e-8f) * (1.f / LEVELS); }
 
@@ -271,7 +277,8 @@ Packed pack(const Head& h, const Quantized& kv) {
     for (int64_t i = 0; i < h.D; ++i) sum += src[i];
     p.k_offset[s] = -128 * sum;
   }
-  p.v.assign(p.S4 * p.DP * 4, 0);
+  // Groups of four keys up to a multiple of 16, zero: an AMX tile of V reads 16 groups (64 keys) at once.
+  p.v.assign((p.S4 + 15) / 16 * 16 * p.DP * 4, 0);
   for (int64_t s0 = 0; s0 < h.S; s0 += 4) {
     int8_t* dst = p.v.data() + s0 / 4 * p.DP * 4;
     const int64_t keys = std::min<int64_t>(4, h.S - s0);
@@ -460,6 +467,32 @@ void vnni_output(const int32_t* acc, const float* v_scale, float norm, int64_t D
   }
 }
 
+// Query row t for the products: its bytes q + 128 (unsigned, zero-padded to D4 dwords) into qr, its
+// bias row into *bias (shared_bias, or made in slot where rows have mask rows of their own); returns
+// its score factor, as quantize_query takes it.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+float vnni_query_row(const Head& h, const Quantized& kv, const Packed& p, int64_t t, uint8_t* qr,
+                     const float* shared_bias, float* slot, const float** bias) {
+  const int64_t q_bytes = p.D4 * 4;
+  const float* row = h.q + t * h.q_row;
+  const float amax = amax_avx512(row, h.D);
+  int8_t* q = reinterpret_cast<int8_t*>(qr);
+  quantize_avx512(row, h.D, 1.f / scale_of(amax), q, ScaleBy::multiplying);
+  std::fill(q + h.D, q + q_bytes, int8_t{0});
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t d = 0; d < q_bytes; d += 64) {  // q + 128 as an unsigned byte
+    const __mmask64 live = q_bytes - d >= 64 ? ~__mmask64(0) : (__mmask64(1) << (q_bytes - d)) - 1;
+    _mm512_mask_storeu_epi8(q + d, live, _mm512_xor_si512(_mm512_maskz_loadu_epi8(live, q + d), flip));
+  }
+  if (shared_bias) {
+    *bias = shared_bias;
+  } else {
+    vnni_bias(h.mask + t * h.mask_row_stride, h.S, p.S16, slot);
+    *bias = slot;
+  }
+  return amax * (kv.k_scale * h.score_scale);
+}
+
 // Rows t0 .. t0 + R of the head. shared_bias is every row's bias where the rows share one mask row (or
 // have none); else each row's is made in row_bias.
 template <int R>
@@ -467,27 +500,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void vnni_rows(const Head& h, const Quantized& kv, const Packed& p, int64_t t0, const float* shared_bias,
                float* row_bias, uint8_t* q, float* scores, uint8_t* probs, int32_t* acc) {
   const int64_t score_stride = p.S16 * 16, prob_stride = std::max(p.S16 * 16, p.S4 * 4), q_bytes = p.D4 * 4;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   float factor[R], sum[R];
   const float* bias[R];
   for (int r = 0; r < R; ++r) {
-    const float* row = h.q + (t0 + r) * h.q_row;
-    if (t0 + R + r < h.T) prefetch_row(row + R * h.q_row, h.D);  // the next block's row
-    const float amax = amax_avx512(row, h.D);
-    factor[r] = amax * (kv.k_scale * h.score_scale);  // as quantize_query takes it
-    int8_t* qr = reinterpret_cast<int8_t*>(q + r * q_bytes);
-    quantize_avx512(row, h.D, 1.f / scale_of(amax), qr, ScaleBy::multiplying);
-    std::fill(qr + h.D, qr + q_bytes, int8_t{0});
-    for (int64_t d = 0; d < q_bytes; d += 64) {  // q + 128 as an unsigned byte
-      const __mmask64 live = q_bytes - d >= 64 ? ~__mmask64(0) : (__mmask64(1) << (q_bytes - d)) - 1;
-      _mm512_mask_storeu_epi8(qr + d, live, _mm512_xor_si512(_mm512_maskz_loadu_epi8(live, qr + d), flip));
-    }
-    if (shared_bias) {
-      bias[r] = shared_bias;
-    } else {
-      vnni_bias(h.mask + (t0 + r) * h.mask_row_stride, h.S, p.S16, row_bias + r * score_stride);
-      bias[r] = row_bias + r * score_stride;
-    }
+    if (t0 + R + r < h.T) prefetch_row(h.q + (t0 + R + r) * h.q_row, h.D);  // the next block's row
+    float* slot = shared_bias ? nullptr : row_bias + r * score_stride;
+    factor[r] = vnni_query_row(h, kv, p, t0 + r, q + r * q_bytes, shared_bias, slot, &bias[r]);
   }
   float row_max[R];
   vnni_scores<R>(p, q, factor, bias, scores, score_stride, row_max);
@@ -538,14 +556,184 @@ void vnni_head(const Head& h) {
   }
 }
 static_assert(ROWS == 8 && PV_ROWS == 4, "vnni_head's tail and vnni_rows' P.V blocks handle these counts");
+
+// The AMX kernel: the VNNI kernel's arithmetic with its two products as tile multiplies. TDPBUSD
+// multiplies 16 rows of 64 unsigned bytes by 16 rows of 64 signed bytes laid out as VPDPBUSD reads
+// them (four bytes of 16 columns a row), which is how pack() lays out K (per block of 16 keys, D in
+// groups of four) and V (per group of four keys, 16 channels a vector): the tiles load straight from
+// Packed. One tile multiply does the work of 256 VPDPBUSD. Everything between the products (the
+// scores' rescale and bias, the softmax, the output) is the VNNI kernel's code. Heads whose size is no
+// multiple of 64 (a tile row) go to the VNNI kernel.
+
+constexpr int TILE_ROWS = 16;
+
+// Whether this CPU and kernel let the process use AMX-INT8 tiles (asked once).
+bool amx_usable() {
+  static const bool yes = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u) || !((d >> 25) & 1u)) return false;
+    // Linux hands a process the tile state only on request: arch_prctl(ARCH_REQ_XCOMP_PERM,
+    // XFEATURE_XTILEDATA). A kernel too old for AMX refuses it.
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return yes;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Every tile is 16 rows of 64 bytes. Q.K: tmm0-5 the scores of six blocks of keys, tmm6 the query
+// rows, tmm7 K. P.V: tmm0-3 four blocks of 16 output channels, tmm4 the probabilities of 64 keys,
+// tmm5-7 V.
+__attribute__((target("amx-tile,amx-int8"))) void amx_configure() {
+  TileConfig config{};
+  config.palette = 1;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = TILE_ROWS;
+  }
+  _tile_loadconfig(&config);
+}
+
+// Q.K of the 16 query rows in q (D4 * 4 bytes each) against every block of 16 keys, the INT32
+// products into products[16][16 S16]. A tile multiply's result is ready long after it issues, so the
+// blocks go in two sets of three result tiles (tmm0-2, tmm3-5): one set is stored while the other
+// computes, rather than each store waiting on the multiply just issued.
+__attribute__((target("amx-tile,amx-int8"))) void amx_scores(const Packed& p, const uint8_t* q, int32_t* products) {
+  const int64_t q_bytes = p.D4 * 4, stride = p.S16 * 16 * 4, chunks = p.D4 / 16;
+  const int8_t* k = p.k.data();
+  const auto block = [&](int64_t j, int64_t c) { return k + (j * p.D4 + c * 16) * 64; };
+  const auto out = [&](int64_t j) { return products + j * 16; };
+  if (chunks == 1) _tile_loadd(6, q, q_bytes);  // the rows stay in tmm6 for every block
+#define COSYCOMPILE_QK(TILE, J)                                    \
+  _tile_zero(TILE);                                                \
+  for (int64_t c = 0; c < chunks; ++c) {                           \
+    if (chunks > 1) _tile_loadd(6, q + c * 64, q_bytes);           \
+    _tile_loadd(7, block(J, c), 64);                               \
+    _tile_dpbusd(TILE, 6, 7);                                      \
+  }
+  int64_t j = 0;
+  for (; j + 6 <= p.S16; j += 6) {
+    COSYCOMPILE_QK(0, j)
+    COSYCOMPILE_QK(1, j + 1)
+    COSYCOMPILE_QK(2, j + 2)
+    if (j > 0) {  // the previous round's second set, computed while this round's first set was issued
+      _tile_stored(3, out(j - 3), stride);
+      _tile_stored(4, out(j - 2), stride);
+      _tile_stored(5, out(j - 1), stride);
+    }
+    COSYCOMPILE_QK(3, j + 3)
+    COSYCOMPILE_QK(4, j + 4)
+    COSYCOMPILE_QK(5, j + 5)
+    _tile_stored(0, out(j), stride);
+    _tile_stored(1, out(j + 1), stride);
+    _tile_stored(2, out(j + 2), stride);
+  }
+  if (j > 0) {
+    _tile_stored(3, out(j - 3), stride);
+    _tile_stored(4, out(j - 2), stride);
+    _tile_stored(5, out(j - 1), stride);
+  }
+  for (; j < p.S16; ++j) {
+    COSYCOMPILE_QK(0, j)
+    _tile_stored(0, out(j), stride);
+  }
+#undef COSYCOMPILE_QK
+}
+
+// P.V of 16 rows of probabilities (prob_stride bytes apart, zero past S up to a multiple of 64) into
+// acc[16][DP].
+__attribute__((target("amx-tile,amx-int8"))) void amx_pv(const Packed& p, const uint8_t* probs, int64_t prob_stride,
+                                                          int32_t* acc) {
+  const int64_t v_row = p.DP * 4, chunks = (p.S4 + 15) / 16;
+  for (int64_t c0 = 0; c0 < p.DP / 16; c0 += 4) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t g = 0; g < chunks; ++g) {  // 64 keys: 16 groups of four
+      const int8_t* vb = p.v.data() + (g * 16 * p.DP + c0 * 16) * 4;
+      _tile_loadd(4, probs + g * 64, prob_stride);
+      _tile_loadd(5, vb, v_row);
+      _tile_loadd(6, vb + 64, v_row);
+      _tile_loadd(7, vb + 128, v_row);
+      _tile_dpbusd(0, 4, 5);
+      _tile_dpbusd(1, 4, 6);
+      _tile_dpbusd(2, 4, 7);
+      _tile_loadd(5, vb + 192, v_row);
+      _tile_dpbusd(3, 4, 5);
+    }
+    _tile_stored(0, acc + c0 * 16, v_row);
+    _tile_stored(1, acc + (c0 + 1) * 16, v_row);
+    _tile_stored(2, acc + (c0 + 2) * 16, v_row);
+    _tile_stored(3, acc + (c0 + 3) * 16, v_row);
+  }
+}
+
+// One row's scores from its products: (products + K's offsets) rescaled plus the bias, as
+// vnni_scores makes them, into scores[0 .. 16 S16); returns the row's maximum.
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+float amx_row_scores(const Packed& p, const int32_t* products, float factor, const float* bias, float* scores) {
+  __m512 vmax = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 f = _mm512_set1_ps(factor);
+  for (int64_t j = 0; j < p.S16; ++j) {
+    const __m512i acc = _mm512_add_epi32(_mm512_loadu_si512(products + j * 16), _mm512_loadu_si512(p.k_offset.data() + j * 16));
+    const __m512 sc = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), f), _mm512_loadu_ps(bias + j * 16));
+    vmax = _mm512_max_ps(vmax, sc);
+    _mm512_storeu_ps(scores + j * 16, sc);
+  }
+  return _mm512_reduce_max_ps(vmax);
+}
+
+__attribute__((target("amx-tile,amx-int8"))) void amx_head(const Head& h) {
+  const Quantized kv = vnni_quantize_kv(h);
+  const Packed p = pack(h, kv);
+  const int64_t q_bytes = p.D4 * 4, score_stride = p.S16 * 16, prob_stride = (h.S + 63) / 64 * 64;
+  std::vector<uint8_t> q(TILE_ROWS * q_bytes, 0);  // rows past T keep whatever they held: their results are dropped
+  std::vector<int32_t> products(TILE_ROWS * score_stride);
+  std::vector<float> scores(score_stride);
+  std::vector<uint8_t> probs(TILE_ROWS * prob_stride, 0);  // zero past S: the last tile of P.V reads them
+  std::vector<int32_t> acc(TILE_ROWS * p.DP);
+  const bool shared = h.mask == nullptr || h.mask_row_stride == 0;
+  std::vector<float> bias((shared ? 1 : TILE_ROWS) * score_stride);
+  if (shared) vnni_bias(h.mask, h.S, p.S16, bias.data());
+  amx_configure();
+  for (int64_t t0 = 0; t0 < h.T; t0 += TILE_ROWS) {
+    const int64_t n = std::min<int64_t>(TILE_ROWS, h.T - t0);
+    float factor[TILE_ROWS], sum[TILE_ROWS];
+    const float* row_bias[TILE_ROWS];
+    for (int64_t r = 0; r < n; ++r) {
+      if (t0 + TILE_ROWS + r < h.T) prefetch_row(h.q + (t0 + TILE_ROWS + r) * h.q_row, h.D);  // the next block's row
+      factor[r] = vnni_query_row(h, kv, p, t0 + r, q.data() + r * q_bytes, shared ? bias.data() : nullptr,
+                                 shared ? nullptr : bias.data() + r * score_stride, &row_bias[r]);
+    }
+    amx_scores(p, q.data(), products.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float m = amx_row_scores(p, products.data() + r * score_stride, factor[r], row_bias[r], scores.data());
+      sum[r] = vnni_probabilities(scores.data(), p.S16, m, probs.data() + r * prob_stride);
+    }
+    amx_pv(p, probs.data(), prob_stride, acc.data());
+    for (int64_t r = 0; r < n; ++r)
+      vnni_output(acc.data() + r * p.DP, kv.v_scale.data(), P_STEPS * sum[r], h.D, h.out + (t0 + r) * h.D);
+  }
+  _tile_release();
+}
 #endif
 
 bool can_run(Kernel kernel) {
 #if defined(__x86_64__)
   // The softmax's VREDUCEPS is AVX512DQ, which every CPU with AVX512-VNNI has; asked all the same.
-  if (kernel == Kernel::vnni) return has_avx512_vnni() && __builtin_cpu_supports("avx512dq");
+  const bool vnni = has_avx512_vnni() && __builtin_cpu_supports("avx512dq");
+  if (kernel == Kernel::vnni) return vnni;
+  if (kernel == Kernel::amx) return vnni && amx_usable();  // heads the tiles cannot take run the VNNI code
 #else
-  if (kernel == Kernel::vnni) return false;
+  if (kernel != Kernel::portable) return false;
 #endif
   return true;
 }
@@ -572,7 +760,9 @@ at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at
     if (mask.stride(3) != 1) mask = mask.contiguous();
   }
   at::Tensor out = at::empty({B, H, T, D}, q.options());
-  const Kernel kernel = forced.value_or(can_run(Kernel::vnni) ? Kernel::vnni : Kernel::portable);
+  const Kernel kernel = forced.value_or(can_run(Kernel::amx)    ? Kernel::amx
+                                       : can_run(Kernel::vnni) ? Kernel::vnni
+                                                               : Kernel::portable);
   // The composite multiplies K's scale by this constant in float32, rounded from the double.
   const float score_scale = static_cast<float>(scale * LOG2E / LEVELS);
   const float* qp = qc.data_ptr<float>();
@@ -588,7 +778,11 @@ at::Tensor run_int8_attention(const at::Tensor& q, const at::Tensor& k, const at
              mp ? mp + b * mask.stride(0) + hh * mask.stride(1) : nullptr, mp ? mask.stride(2) : 0,
              op + i * T * D, T, S, D, score_scale};
 #if defined(__x86_64__)
-      if (kernel == Kernel::vnni) {
+      if (kernel == Kernel::amx && D % 64 == 0) {
+        amx_head(h);
+        continue;
+      }
+      if (kernel == Kernel::vnni || kernel == Kernel::amx) {
         vnni_head(h);
         continue;
       }
@@ -606,19 +800,19 @@ at::Tensor int8_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at
 
 at::Tensor int8_attention_with_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::optional<at::Tensor>& attn_mask, double scale, c10::string_view name) {
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < KERNEL_COUNT; ++i) {
     const Kernel kernel = static_cast<Kernel>(i);
     if (name == KERNEL_NAMES[i]) {
       TORCH_CHECK(can_run(kernel), "int8_attention_with: this CPU cannot run kernel ", std::string(name));
       return run_int8_attention(q, k, v, attn_mask, scale, kernel);
     }
   }
-  TORCH_CHECK(false, "int8_attention_with: no kernel ", std::string(name), " (vnni, portable)");
+  TORCH_CHECK(false, "int8_attention_with: no kernel ", std::string(name), " (vnni, portable, amx)");
 }
 
 std::vector<std::string> int8_attention_kernels() {
   std::vector<std::string> names;
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < KERNEL_COUNT; ++i)
     if (can_run(static_cast<Kernel>(i))) names.emplace_back(KERNEL_NAMES[i]);
   return names;
 }
