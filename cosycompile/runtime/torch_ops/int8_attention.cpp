@@ -61,7 +61,7 @@ constexpr int PV_ROWS = 4;
 
 enum class Kernel { vnni, portable, amx };
 const char* const KERNEL_NAMES[] = {"vnni", "portable", "amx"};
-constexpr int KERNEL_COUNT = 3;
+constexpr int KERNEL_COUNT = sizeof(KERNEL_NAMES) / sizeof(KERNEL_NAMES[0]);
 
 float scale_of(float amax) { return std::max(amax, 1e-8f) * (1.f / LEVELS); }
 
@@ -117,10 +117,14 @@ Quantized quantize_kv(const Head& h) {
   for (int64_t s = 0; s < h.S; ++s)
     for (int64_t d = 0; d < h.D; ++d) vmax[d] = std::max(vmax[d], std::fabs(h.v[s * h.v_row + d]));
   r.v_scale.resize(h.D);
-  for (int64_t d = 0; d < h.D; ++d) r.v_scale[d] = scale_of(vmax[d]);
+  std::vector<float> v_inverse(h.D);
+  for (int64_t d = 0; d < h.D; ++d) {
+    r.v_scale[d] = scale_of(vmax[d]);
+    v_inverse[d] = 1.f / r.v_scale[d];
+  }
   r.v.resize(h.S * h.D);
   for (int64_t s = 0; s < h.S; ++s)
-    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.v_row + d], 1.f / r.v_scale[d]);
+    for (int64_t d = 0; d < h.D; ++d) r.v[s * h.D + d] = quantize(h.v[s * h.v_row + d], v_inverse[d]);
   return r;
 }
 
