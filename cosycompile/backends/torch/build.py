@@ -49,6 +49,7 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
     if library is not None:  # the programs call cosycompile's operators: the packages will too
         link_or_copy(library, out / library.name)
     configs = {"freezing": options.freezing, "max_autotune": options.max_autotune}
+    passes = inductor_passes(options, device)
     for name, graph in gd.graphs.items():
         program = load_program(gd.graph_path(name))
         if device == "cuda":
@@ -59,8 +60,11 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
             program = move_to_device_pass(program, f"cuda:{torch.cuda.current_device()}")
         package = out / f"{name}.pt2"
         check_space(program_bytes(program), out, work, name)
-        with quiet():
-            torch._inductor.aoti_compile_and_package(program, package_path=str(package), inductor_configs=configs)
+        # Inductor freezes only with autograd off (torch 2.13, compile_fx._compile_fx_main): with it on,
+        # `freezing` would be recorded and silently not done.
+        with quiet(), torch.no_grad():
+            torch._inductor.aoti_compile_and_package(program, package_path=str(package),
+                                                     inductor_configs={**configs, **passes})
         remove_build_dir(package, work)
         eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
     eng.info = dict(gd.info)
@@ -69,7 +73,7 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         "backend_version": torch.__version__,
         "device": device,
         "precision": gd.info.get("precision", "fp32"),
-        "inductor": configs,
+        "inductor": {**configs, "passes": [p.uuid() for p in passes.values()]},
         "build_host": {"machine": platform.machine()},
     }
     if library is not None:
@@ -80,6 +84,16 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         cc = torch.cuda.get_device_capability()
         fields["build_host"].update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, sm=f"sm{cc[0]}{cc[1]}")
     return fields
+
+
+def inductor_passes(options: Any, device: str) -> dict[str, Any]:
+    """Inductor config entries that add cosycompile's graph passes: on a CPU, with freezing (whose
+    weight prepacking they exist for), 1-D convolutions as 2-D ones."""
+    if device != "cpu" or not options.freezing:
+        return {}
+    from cosycompile.backends.torch.conv_layout import Conv1dAs2d
+
+    return {"joint_custom_pre_pass": Conv1dAs2d()}
 
 
 # Disk an AOTInductor build needs beside its output: the shared object it links the weights into
