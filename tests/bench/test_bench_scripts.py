@@ -57,6 +57,8 @@ def test_pipeline_speed_reports_speed_with_the_quality_of_the_same_engines(tmp_p
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     out = json.loads((art / "bench" / "pipeline_speed-cpu-fp32.json").read_text())
     assert set(out["speed"]) == {"hift", "end_to_end", "first_chunk"}
+    # The median is one of the per-pair ratios kept beside it (one pair here).
+    assert all(s["ratios"] == [s["speedup"]] for s in out["speed"].values())
     assert out["rtf_built"] == out["speed"]["end_to_end"]["built_s"] / out["audio_seconds"] > 0
     q = out["quality"]
     # FP32 ONNX Runtime engines decode the reference's tokens and keep its mel and waveform.
