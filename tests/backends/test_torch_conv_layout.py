@@ -73,7 +73,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray, 
     mp = pytest.MonkeyPatch()
     mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp / "inductor"))  # the build dir stays in this test's tmp
     try:
-        fields = build(src, Options(), TARGETS["cpu"], out)
+        fields = build(src, Options(freezing=True), TARGETS["cpu"], out)
     finally:
         mp.undo()
     x = torch.randn(1, 6, 2 * SAMPLES, generator=torch.Generator().manual_seed(1))
@@ -140,6 +140,6 @@ def test_the_pass_is_for_frozen_cpu_packages_only() -> None:
     from cosycompile.backends.torch import Options
     from cosycompile.backends.torch.build import inductor_passes
 
-    assert set(inductor_passes(Options(), "cpu")) == {"joint_custom_pre_pass"}
+    assert set(inductor_passes(Options(freezing=True), "cpu")) == {"joint_custom_pre_pass"}
     assert inductor_passes(Options(freezing=False), "cpu") == {}
-    assert inductor_passes(Options(), "cuda") == {}
+    assert inductor_passes(Options(freezing=True), "cuda") == {}

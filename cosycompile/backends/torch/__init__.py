@@ -28,8 +28,12 @@ class Options(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    freezing: bool = Field(True, description="fold weights into the compiled graph as constants (and let Inductor "
-                                             "pre-pack them for oneDNN where it can)")
+    # Off by default: a frozen FP32 0.5B LLM package needs gigabytes more memory to compile and to
+    # load, and only the flow gains on every CPU class measured
+    # (docs/bench-log/2026-12-06-frozen-packages-cpu-torch-int8-twice-zen4.md).
+    freezing: bool = Field(False, description="fold weights into the compiled graph as constants and let Inductor "
+                                              "pre-pack them for oneDNN, 1-D convolutions included (more build and "
+                                              "load memory; on CPUs, gains a few percent on the flow)")
     max_autotune: bool = Field(False, description="benchmark GEMM/conv kernel choices while compiling (slow builds)")
     static_cache: bool = Field(False, description="llm stage on a CPU target: also compile the one-token decode step "
                                                   "over a KV cache of fixed size that the runtime writes in place "
