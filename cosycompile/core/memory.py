@@ -71,3 +71,47 @@ def _find_malloc_trim() -> Callable[[int], int] | None:
 
 
 _malloc_trim = _find_malloc_trim()
+
+_MAPS = Path("/proc/self/maps")
+_MADV_PAGEOUT = 21  # Linux 5.4 and later; older kernels answer EINVAL and nothing changes
+
+
+def page_out_file_mappings(names: set[str]) -> int:
+    """Ask Linux to reclaim the resident pages of this process's mappings of files named ``names``
+    (base names); returns how many bytes of mappings were advised (0 where the system cannot).
+
+    For a library whose data a loader copies out once (an AOTInductor package's weights live in its
+    ``.so``, and loading copies them onto the heap), the mapped pages are a second resident copy that
+    nothing reads again and that stays mapped after the model is dropped. ``MADV_PAGEOUT`` never
+    changes what a page holds: clean file pages are dropped and read back from the file if touched
+    again; pages the process wrote (relocations) stay, as there is no swap to put them in.
+    """
+    if _madvise is None or not names:
+        return 0
+    try:
+        lines = _MAPS.read_text().splitlines()
+    except OSError:
+        return 0
+    advised = 0
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) < 6 or Path(parts[5]).name not in names:
+            continue
+        start, end = (int(x, 16) for x in parts[0].split("-"))
+        if _madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_PAGEOUT) == 0:
+            advised += end - start
+    return advised
+
+
+def _find_madvise() -> Callable[..., int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name).madvise if name else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+_madvise = _find_madvise()

@@ -489,3 +489,45 @@ def test_only_the_packages_own_build_dir_is_removed(tmp_path: Path) -> None:
         z.writestr("llm_step/data/aotinductor/model/cabc.wrapper.so", b"x" * 64)
     remove_build_dir(package, work)
     assert not (work / "cmine").exists() and (work / "cother" / "cdef.wrapper.so").exists()
+
+
+
+def test_a_loaded_package_keeps_one_resident_copy_of_its_weights(llm_build: tuple[Path, dict[str, Path]]) -> None:
+    """Loading copies a package's weights out of its .so; the runner pages the mapped copy out, and
+    gives the same outputs as the same package loaded with its mapping left resident."""
+    import numpy as np
+    import torch
+
+    from cosycompile.backends.torch.build import AotiRunner, package_libraries
+    from cosycompile.runtime.graphs_dir import read_graphs_dir
+
+    gd = read_graphs_dir(llm_build[1]["llm.engine"])
+    g, path = gd.graphs["llm_step"], gd.graph_path("llm_step")
+    names = package_libraries(path)
+    assert names and all(n.endswith(".wrapper.so") for n in names)
+
+    def resident_kb() -> int:
+        total, inside = 0, False
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                inside = len(head) >= 6 and Path(head[5]).name in names
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+        return total
+
+    runner = AotiRunner(path, g["inputs"], g["outputs"], "cpu")
+    paged = resident_kb()
+    plain = torch._inductor.aoti_load_package(str(path))  # no page-out: its mapping keeps what loading read
+    unpaged = resident_kb() - paged
+    assert unpaged > 4 * max(paged, 1024), (paged, unpaged)
+
+    sizes = {"batch": 1, "seq": 3, "past": 0}
+    rng = np.random.default_rng(0)
+    feeds = {i["name"]: rng.standard_normal([d if isinstance(d, int) else sizes[d] for d in i["shape"]]).astype(np.float32)
+             for i in g["spec"]["inputs"]}
+    ours = runner.run(feeds)
+    with torch.inference_mode():
+        theirs = plain(*(torch.from_numpy(feeds[n]) for n in g["inputs"]))
+    for name, t in zip(g["outputs"], theirs):
+        assert np.array_equal(ours[name], t.numpy()), name

@@ -90,3 +90,41 @@ def test_freed_heap_pages_go_back_to_the_system_between_steps() -> None:
     libc.free(last)
     assert held > before - 50, (before, held)  # freeing alone kept the pages
     assert held - after >= 200, (before, held, after)
+
+
+def _mapping_rss_kb(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            inside = len(head) >= 6 and head[5] == str(path)
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def test_a_file_mapping_read_once_is_paged_out_and_reads_the_same(tmp_path: Path) -> None:
+    """What a loader copied out of a mapped file stops counting as resident; reading it again gives
+    the same bytes (paged back in from the file)."""
+    import mmap
+
+    from cosycompile.core.memory import page_out_file_mappings
+
+    data = np.arange(64 * MB // 8, dtype=np.int64)
+    path = tmp_path / "weights.bin"
+    data.tofile(path)
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        view = np.frombuffer(m, dtype=np.int64)
+        assert int(view[::512].sum()) == int(data[::512].sum())  # every page touched
+        resident = _mapping_rss_kb(path)
+        assert resident >= 60 * 1024, resident
+        assert page_out_file_mappings({"another.so"}) == 0  # only the named files
+        assert _mapping_rss_kb(path) == resident
+        advised = page_out_file_mappings({path.name})
+        if advised == 0:
+            pytest.skip("this kernel has no MADV_PAGEOUT")
+        assert advised >= 64 * MB
+        assert _mapping_rss_kb(path) < resident // 4, (resident, _mapping_rss_kb(path))
+        assert np.array_equal(view, data)
+        del view

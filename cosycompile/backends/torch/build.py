@@ -15,6 +15,7 @@ import torch
 
 from cosycompile.errors import BackendUnavailable, UserError
 from cosycompile.core.files import link_or_copy
+from cosycompile.core.memory import page_out_file_mappings
 from cosycompile.core.targets import Target
 from cosycompile.runtime.graphs_dir import copy_assets, read_graphs_dir
 from cosycompile.runtime.loading import read_passport
@@ -131,11 +132,15 @@ def remove_build_dir(package: Path, work: Path) -> None:
     the weights linked in, the package holds a copy, and left there each build's would stay for good
     (7 GB after a day of benchmarks). Found by the wrapper's name inside the package, so a build
     running beside this one keeps its own dir."""
-    with zipfile.ZipFile(package) as z:
-        wrappers = {Path(n).name for n in z.namelist() if n.endswith(".wrapper.so")}
-    for name in wrappers:
+    for name in package_libraries(package):
         for so in work.glob(f"*/{name}"):
             shutil.rmtree(so.parent, ignore_errors=True)
+
+
+def package_libraries(package: Path) -> set[str]:
+    """Base names of the model libraries (``*.wrapper.so``) inside an AOTInductor package."""
+    with zipfile.ZipFile(package) as z:
+        return {Path(n).name for n in z.namelist() if n.endswith(".wrapper.so")}
 
 
 class AotiRunner:
@@ -146,6 +151,9 @@ class AotiRunner:
         self.input_names, self.output_names, self.device = input_names, output_names, device
         self.dims = dims or {}  # the graph spec's dynamic dims: {name: {min, opt, max}}
         self._model = torch._inductor.aoti_load_package(str(path))
+        # Loading copied the package's weights out of its extracted .so onto the heap; the mapped copy
+        # would otherwise stay resident (torch keeps the library open even after the model is dropped).
+        page_out_file_mappings(package_libraries(path))
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
