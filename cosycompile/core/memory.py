@@ -12,7 +12,7 @@ import ctypes
 import ctypes.util
 import gc
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 _STATUS = Path("/proc/self/status")
@@ -62,15 +62,21 @@ def release_free_memory(peak: float | None = None) -> None:
         _malloc_trim(0)
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
+_LIBC_NAME = ctypes.util.find_library("c")  # found once: the lookup may run a subprocess (ldconfig)
+
+
+def _libc_function(symbol: str, argtypes: list[Any]) -> Callable[..., int] | None:
+    """``symbol`` from the C library, typed; None where there is no such function (not glibc, not Linux)."""
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc: no malloc_trim
+        fn = getattr(ctypes.CDLL(_LIBC_NAME), symbol) if _LIBC_NAME else None
+    except (OSError, AttributeError):
         return None
+    if fn is not None:
+        fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
 
 
-_malloc_trim = _find_malloc_trim()
+_malloc_trim = _libc_function("malloc_trim", [ctypes.c_size_t])
 
 _MAPS = Path("/proc/self/maps")
 _MADV_PAGEOUT = 21  # Linux 5.4 and later; older kernels answer EINVAL and nothing changes
@@ -103,15 +109,4 @@ def page_out_file_mappings(names: set[str]) -> int:
     return advised
 
 
-def _find_madvise() -> Callable[..., int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name).madvise if name else None
-    except (OSError, AttributeError):
-        return None
-    if fn is not None:
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
-    return fn
-
-
-_madvise = _find_madvise()
+_madvise = _libc_function("madvise", [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int])
