@@ -98,7 +98,11 @@ def test_an_int8_llm_on_the_projects_operator_carries_it_in_its_engine(tmp_path:
     llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
     assert llm["logit_cosine"] >= 0.99 and 0 < llm["max_abs_logit_error"], llm
     engine = out["llm.engine"]
-    assert set(json.loads((engine / "graphs.json").read_text())["graphs"]) == {"llm_step", "llm_step_static"}
+    graphs = json.loads((engine / "graphs.json").read_text())["graphs"]
+    assert set(graphs) == {"llm_step", "llm_step_static"}
+    from cosycompile.backends.torch.build import weights_file
+
+    assert all(weights_file(engine / g["file"]).is_file() for g in graphs.values()), graphs  # moved with the dir
     library = library_in(engine)
     assert library is not None and json.loads((engine / "engine.json").read_text())["torch_ops"] == library.name
     moved = tmp_path / "elsewhere" / "engine"
@@ -207,7 +211,8 @@ def test_gpu_llm_export_decodes_over_the_static_cache(torch_build: tuple[Path, P
     engine = tmp_path / "engine"
     engine.mkdir()
     build(static_program, Options(), TARGETS["cpu"], engine)
-    shutil.copy2(torch_build[2] / "engines" / "llm" / "llm_step.pt2", engine / "llm_step.pt2")
+    for f in ("llm_step.pt2", "llm_step.weights.pt"):  # a package and the weights file it names
+        shutil.copy2(torch_build[2] / "engines" / "llm" / f, engine / f)
     gd = read_graphs_dir(engine)
     growing_graph = read_graphs_dir(torch_build[2] / "engines" / "llm").graphs["llm_step"]
     assert growing_graph["spec"] == read_graphs_dir(programs).graphs["llm_step"]["spec"]  # the same step, other target
@@ -259,8 +264,9 @@ def test_int8_llm_and_bf16_flow_compile_and_hold_quality(torch_build: tuple[Path
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     ran = res.stdout.split("ran:", 1)[1].split("\n", 1)[0]
     assert "llm.quantize" in ran and "flow.quantize" in ran and "calibrate" not in ran
-    # The FP32 packages to time against, and the HiFT, came from the FP32 build's cache.
-    assert "engine.fp32" not in ran and "hift." not in ran
+    # The FP32 flow packages to time against, and the HiFT, came from the FP32 build's cache; the LLM's
+    # FP32 engine is new, since this recipe's LLM carries the static-cache step and cpu-torch's does not.
+    assert "flow.engine.fp32" not in ran and "hift." not in ran and "llm.engine.fp32" in ran
     out = until_outputs(res.stdout)
     llm = json.loads((out["llm.check"] / "check.json").read_text())["metrics"]
     flow = json.loads((out["flow.check"] / "check.json").read_text())["metrics"]
@@ -492,42 +498,76 @@ def test_only_the_packages_own_build_dir_is_removed(tmp_path: Path) -> None:
 
 
 
-def test_a_loaded_package_keeps_one_resident_copy_of_its_weights(llm_build: tuple[Path, dict[str, Path]]) -> None:
-    """Loading copies a package's weights out of its .so; the runner pages the mapped copy out, and
-    gives the same outputs as the same package loaded with its mapping left resident."""
+def _resident_kb(names: set[str]) -> int:
+    """Resident KiB of this process's file mappings with these base names."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if head and "-" in head[0] and not head[0].endswith(":"):
+            inside = len(head) >= 6 and Path(head[5]).name in names
+        elif inside and line.startswith("Rss:"):
+            total += int(head[1])
+    return total
+
+
+def test_a_loaded_package_keeps_one_resident_copy_of_its_weights(tmp_path: Path) -> None:
+    """A package with its weights linked in (a frozen one) is copied out of its .so on load; the runner
+    pages the mapped copy out, and gives the same outputs as the same package loaded with its mapping
+    left resident."""
     import numpy as np
     import torch
 
     from cosycompile.backends.torch.build import AotiRunner, package_libraries
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1024)).eval()
+    x = torch.randn(4, 1024)
+    path = tmp_path / "mlp.pt2"
+    with torch.no_grad():
+        torch._inductor.aoti_compile_and_package(torch.export.export(net, (x,)), package_path=str(path))
+    names = package_libraries(path)
+    assert names and all(n.endswith(".wrapper.so") for n in names)
+
+    runner = AotiRunner(path, ["x"], ["y"], "cpu")
+    paged = _resident_kb(names)
+    plain = torch._inductor.aoti_load_package(str(path))  # no page-out: its mapping keeps what loading read
+    unpaged = _resident_kb(names) - paged
+    assert unpaged > 4 * max(paged, 1024), (paged, unpaged)  # 16 MB of weights read through the mapping
+    ours = runner.run({"x": x.numpy()})["y"]
+    with torch.inference_mode():
+        assert np.array_equal(ours, plain(x).numpy())
+
+
+def test_an_unfrozen_package_maps_its_weights_from_a_file_beside_it(llm_build: tuple[Path, dict[str, Path]],
+                                                                    tmp_path: Path) -> None:
+    """An unfrozen CPU package carries no weights in its .so: they are saved once beside it, in the file
+    the package names, and the runner maps that file instead of copying them. Without that file, or
+    with one that lacks a weight, the runner refuses with one line rather than run unset constants."""
+    import numpy as np
+    import torch
+
+    from cosycompile.backends.torch.build import AotiRunner, weights_file
+    from cosycompile.errors import BackendUnavailable
     from cosycompile.runtime.graphs_dir import read_graphs_dir
 
     gd = read_graphs_dir(llm_build[1]["llm.engine"])
     g, path = gd.graphs["llm_step"], gd.graph_path("llm_step")
-    names = package_libraries(path)
-    assert names and all(n.endswith(".wrapper.so") for n in names)
-
-    def resident_kb() -> int:
-        total, inside = 0, False
-        for line in Path("/proc/self/smaps").read_text().splitlines():
-            head = line.split()
-            if head and "-" in head[0] and not head[0].endswith(":"):
-                inside = len(head) >= 6 and Path(head[5]).name in names
-            elif inside and line.startswith("Rss:"):
-                total += int(head[1])
-        return total
-
+    weights = weights_file(path)
+    assert weights is not None and weights.parent == path.parent
+    saved = torch.load(weights, weights_only=True)
+    assert sum(t.numel() * t.element_size() for t in saved.values()) > 2 * path.stat().st_size, path.stat()
     runner = AotiRunner(path, g["inputs"], g["outputs"], "cpu")
-    paged = resident_kb()
-    plain = torch._inductor.aoti_load_package(str(path))  # no page-out: its mapping keeps what loading read
-    unpaged = resident_kb() - paged
-    assert unpaged > 4 * max(paged, 1024), (paged, unpaged)
-
     sizes = {"batch": 1, "seq": 3, "past": 0}
     rng = np.random.default_rng(0)
     feeds = {i["name"]: rng.standard_normal([d if isinstance(d, int) else sizes[d] for d in i["shape"]]).astype(np.float32)
              for i in g["spec"]["inputs"]}
-    ours = runner.run(feeds)
-    with torch.inference_mode():
-        theirs = plain(*(torch.from_numpy(feeds[n]) for n in g["inputs"]))
-    for name, t in zip(g["outputs"], theirs):
-        assert np.array_equal(ours[name], t.numpy()), name
+    assert all(np.isfinite(v).all() for v in runner.run(feeds).values())
+    assert _resident_kb({weights.name}) > 0  # read through the mapping, not copied
+
+    alone = tmp_path / path.name
+    shutil.copy2(path, alone)
+    with pytest.raises(BackendUnavailable, match="missing; the package beside it keeps its weights there"):
+        AotiRunner(alone, g["inputs"], g["outputs"], "cpu")
+    torch.save(dict(list(saved.items())[1:]), tmp_path / weights.name)
+    with pytest.raises(BackendUnavailable, match="lacks weights its package reads"):
+        AotiRunner(alone, g["inputs"], g["outputs"], "cpu")

@@ -263,3 +263,36 @@ def test_torch_ops_ab_times_the_working_tree_against_a_revision(tmp_path: Path, 
         assert all(r["bit_identical"] for r in rows), rows
     if workload == "decode":
         assert rows[0]["head_gb_per_s"] > 0.1
+
+
+@pytest.mark.extended  # compiles the tiny LLM's two INT8 packages twice
+def test_torch_weights_ab_compiles_both_ways_and_times_their_steps(tmp_path: Path, seed: Path) -> None:
+    """The study compiles one programs dir with the weights linked in and beside the packages, and
+    times the two engines' decode steps in pairs; beside, the packages are small and a weights file
+    holds what they read."""
+    from helpers import run_cli, until_outputs, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", {"extends": str(REPO / "recipes" / "cpu-torch-int8.yaml"),
+                                                "name": "weights-ab", "stages": {"flow": {"enabled": False},
+                                                                                 "hift": {"enabled": False}}})
+    art = seeded(seed, tmp_path / "art")
+    res = run_cli("build", str(recipe), "--artifacts", str(art), "--until", "quantize", "-q", timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    programs = until_outputs(res.stdout)["llm.quantize"]
+    sides = {}
+    for side in ("inside", "beside"):
+        res = _bench("studies/torch_weights_ab.py", "compile", str(programs), str(tmp_path / side),
+                     *(["--inside"] if side == "inside" else []))
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        sides[side] = json.loads(res.stdout[res.stdout.index("{"):])
+        assert sides[side]["peak_rss_mib"] > 0 and sides[side]["seconds"] > 0
+    assert "llm_step.weights.pt" in sides["beside"]["files_mib"] and "llm_step.weights.pt" not in sides["inside"]["files_mib"]
+    size = {side: (tmp_path / side / "llm_step.pt2").stat().st_size for side in sides}
+    # What left the package is the weights file: the compiled code itself is the same size either way.
+    assert size["inside"] - size["beside"] > 0.8 * (tmp_path / "beside" / "llm_step.weights.pt").stat().st_size, size
+    res = _bench("studies/torch_weights_ab.py", "step", str(tmp_path / "inside"), str(tmp_path / "beside"),
+                 "--pairs", "1", "--steps", "2")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = json.loads(res.stdout[res.stdout.index("{\n"):])
+    assert len(out["pairs"]) == 1 and out["pairs"][0]["a_ms"] > 0 and out["pairs"][0]["b_ms"] > 0
+    assert [load["load_seconds"] >= 0 for load in out["loads"]] == [True, True]

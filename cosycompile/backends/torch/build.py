@@ -51,7 +51,9 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         link_or_copy(library, out / library.name)
     configs = {"freezing": options.freezing, "max_autotune": options.max_autotune}
     passes = inductor_passes(options, device)
+    beside = weights_beside(options, device)
     for name, graph in gd.graphs.items():
+        program = None  # the previous program's weights go before the next one's are read
         program = load_program(gd.graph_path(name))
         if device == "cuda":
             from torch.export.passes import move_to_device_pass
@@ -65,11 +67,14 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         # `freezing` would be recorded and silently not done.
         with quiet(), torch.no_grad():
             torch._inductor.aoti_compile_and_package(program, package_path=str(package),
-                                                     inductor_configs={**configs, **passes})
+                                                     inductor_configs={**configs, **passes, **_constants_config(beside)})
         remove_build_dir(package, work)
+        if beside:
+            save_weights(program, package, out / f"{name}{WEIGHTS_SUFFIX}")
         eng.graphs[name] = {**graph, "file": package.name, "format": "aoti"}
     eng.info = dict(gd.info)
     eng.write()
+    program = None
     fields: dict[str, Any] = {
         "backend_version": torch.__version__,
         "device": device,
@@ -85,6 +90,56 @@ def build(src: Path, options: Any, target: Target, out: Path, cache_dir: Path | 
         cc = torch.cuda.get_device_capability()
         fields["build_host"].update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda, sm=f"sm{cc[0]}{cc[1]}")
     return fields
+
+
+WEIGHTS_SUFFIX = ".weights.pt"
+# The record inside a package that names its weights file: the package itself says it has none inside,
+# so a runner never runs one whose weights are missing (its constants would be unset memory).
+WEIGHTS_RECORD = "extra/cosycompile_weights"
+
+
+def weights_beside(options: Any, device: str) -> bool:
+    """Whether a package's weights go in a file beside it rather than linked into its shared object.
+
+    Linked in, the compile holds the program's weights twice more (a serialized blob, then the library
+    read back into the package), which made compiling the 0.5B FP32 LLM the build's largest step; and a
+    loaded package copies them from its mapped library onto the heap. Beside it, the compile writes each
+    weight once and the runner maps the file. Frozen programs keep them inside: freezing folds the
+    weights into new constants that only the compiled code knows. CPU only, since a CUDA package's
+    weights would have to be copied to the device anyway and that path has not been measured."""
+    return device == "cpu" and not options.freezing
+
+
+def _constants_config(beside: bool) -> dict[str, Any]:
+    return {"aot_inductor.package_constants_in_so": False} if beside else {}
+
+
+def save_weights(program: Any, package: Path, dst: Path) -> None:
+    """Write the tensors ``package`` reads as constants, by name, from ``program`` into ``dst``
+    (beside the package), and name that file inside the package."""
+    model = torch._inductor.aoti_load_package(str(package))  # no weights inside: a small library
+    tensors = {**program.state_dict, **program.constants}
+    names = model.get_constant_fqns()
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise BackendUnavailable(f"{package}: the compiled package reads constants its program does not name "
+                                 f"({', '.join(missing[:3])}); build it with `freezing: true`")
+    tmp = dst.with_name(dst.name + ".part")
+    torch.save({n: tensors[n] for n in names}, tmp)
+    tmp.replace(dst)
+    with zipfile.ZipFile(package, "a") as z:
+        z.writestr(f"{_package_root(z)}/{WEIGHTS_RECORD}", dst.name)
+
+
+def _package_root(z: zipfile.ZipFile) -> str:
+    return z.namelist()[0].split("/", 1)[0]
+
+
+def weights_file(package: Path) -> Path | None:
+    """The weights file a package reads its constants from, or None when they are linked inside it."""
+    with zipfile.ZipFile(package) as z:
+        record = f"{_package_root(z)}/{WEIGHTS_RECORD}"
+        return package.parent / z.read(record).decode() if record in z.namelist() else None
 
 
 def inductor_passes(options: Any, device: str) -> dict[str, Any]:
@@ -143,6 +198,22 @@ def package_libraries(package: Path) -> set[str]:
         return {Path(n).name for n in z.namelist() if n.endswith(".wrapper.so")}
 
 
+def load_weights(model: Any, path: Path) -> None:
+    """Point a loaded package's constants at the tensors of its weights file, mapped rather than read:
+    clean file pages, shared by every process that loads the same engine. The model holds raw
+    pointers to them (``user_managed``), so the tensors are kept alive as one of its attributes."""
+    if not path.is_file():
+        raise BackendUnavailable(f"{path}: missing; the package beside it keeps its weights there (copy the whole "
+                                 "engine dir)")
+    tensors = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+    names = model.get_constant_fqns()
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise BackendUnavailable(f"{path}: lacks weights its package reads ({', '.join(missing[:3])}); rebuild the engine")
+    model.load_constants({n: tensors[n] for n in names}, check_full_update=True, user_managed=True)
+    model.cosycompile_weights = tensors
+
+
 class AotiRunner:
     """A Runner over one AOTInductor package."""
 
@@ -151,8 +222,12 @@ class AotiRunner:
         self.input_names, self.output_names, self.device = input_names, output_names, device
         self.dims = dims or {}  # the graph spec's dynamic dims: {name: {min, opt, max}}
         self._model = torch._inductor.aoti_load_package(str(path))
-        # Loading copied the package's weights out of its extracted .so onto the heap; the mapped copy
-        # would otherwise stay resident (torch keeps the library open even after the model is dropped).
+        weights = weights_file(path)
+        if weights is not None:
+            load_weights(self._model, weights)
+        # A package with its weights inside (a frozen one) copied them out of its extracted .so onto the
+        # heap; the mapped copy would otherwise stay resident (torch keeps the library open even after
+        # the model is dropped).
         page_out_file_mappings(package_libraries(path))
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
