@@ -538,11 +538,11 @@ def test_a_loaded_package_keeps_one_resident_copy_of_its_weights(tmp_path: Path)
         assert np.array_equal(ours, plain(x).numpy())
 
 
-def test_an_unfrozen_package_maps_its_weights_from_a_file_beside_it(llm_build: tuple[Path, dict[str, Path]],
-                                                                    tmp_path: Path) -> None:
+def test_an_unfrozen_package_reads_its_weights_from_a_file_beside_it(llm_build: tuple[Path, dict[str, Path]],
+                                                                     tmp_path: Path) -> None:
     """An unfrozen CPU package carries no weights in its .so: they are saved once beside it, in the file
-    the package names, and the runner maps that file instead of copying them. Without that file, or
-    with one that lacks a weight, the runner refuses with one line rather than run unset constants."""
+    the package names, and the runner copies them in. Without that file, or with one that lacks a
+    weight, the runner refuses with one line rather than run unset constants."""
     import numpy as np
     import torch
 
@@ -557,12 +557,12 @@ def test_an_unfrozen_package_maps_its_weights_from_a_file_beside_it(llm_build: t
     saved = torch.load(weights, weights_only=True)
     assert sum(t.numel() * t.element_size() for t in saved.values()) > 2 * path.stat().st_size, path.stat()
     runner = AotiRunner(path, g["inputs"], g["outputs"], "cpu")
+    assert _resident_kb({weights.name}) == 0  # copied in, its mapping closed
     sizes = {"batch": 1, "seq": 3, "past": 0}
     rng = np.random.default_rng(0)
     feeds = {i["name"]: rng.standard_normal([d if isinstance(d, int) else sizes[d] for d in i["shape"]]).astype(np.float32)
              for i in g["spec"]["inputs"]}
     assert all(np.isfinite(v).all() for v in runner.run(feeds).values())
-    assert _resident_kb({weights.name}) > 0  # read through the mapping, not copied
 
     alone = tmp_path / path.name
     shutil.copy2(path, alone)
@@ -571,3 +571,38 @@ def test_an_unfrozen_package_maps_its_weights_from_a_file_beside_it(llm_build: t
     torch.save(dict(list(saved.items())[1:]), tmp_path / weights.name)
     with pytest.raises(BackendUnavailable, match="lacks weights its package reads"):
         AotiRunner(alone, g["inputs"], g["outputs"], "cpu")
+
+
+def test_a_dropped_package_gives_back_the_weights_it_read_from_beside_it(tmp_path: Path) -> None:
+    """A package whose weights came from the file beside it computes what the module does, and once it is
+    dropped the process holds its weights no more: the copy is the package's own, which it frees."""
+    import torch
+
+    from cosycompile.backends.torch.build import AotiRunner, _constants_config, save_weights
+    from cosycompile.core.memory import release_free_memory
+
+    def anon_kb() -> int:
+        return next(int(ln.split()[1]) for ln in Path("/proc/self/status").read_text().splitlines()
+                    if ln.startswith("RssAnon:"))
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1024, 8192), torch.nn.GELU(), torch.nn.Linear(8192, 1024)).eval()
+    x = torch.randn(4, 1024)
+    program = torch.export.export(net, (x,))
+    path = tmp_path / "mlp.pt2"
+    with torch.no_grad():
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=_constants_config(True))
+    save_weights(program, path, tmp_path / "mlp.weights.pt")
+    weights_mb = (tmp_path / "mlp.weights.pt").stat().st_size / 1e6
+    assert weights_mb > 60 and path.stat().st_size < 0.1 * weights_mb * 1e6
+    with torch.inference_mode():
+        expected = net(x).numpy()
+    release_free_memory()
+    before = anon_kb()
+    runner = AotiRunner(path, ["x"], ["y"], "cpu")
+    assert abs(runner.run({"x": x.numpy()})["y"] - expected).max() < 1e-4
+    held = anon_kb() - before
+    del runner
+    release_free_memory()
+    left = anon_kb() - before
+    assert held > 0.8 * weights_mb * 1000 and left < 0.2 * held, (held, left)
