@@ -105,9 +105,9 @@ def weights_beside(options: Any, device: str) -> bool:
     read back into the package), which made compiling the 0.5B FP32 LLM the build's largest step; and a
     loaded package copies them from its mapped library onto the heap. Beside it, the compile writes each
     weight once and the runner copies them from the file (``load_weights``). Frozen programs keep them
-    inside: freezing folds the
-    weights into new constants that only the compiled code knows. CPU only, since a CUDA package's
-    weights would have to be copied to the device anyway and that path has not been measured."""
+    inside: freezing folds the weights into new constants that only the compiled code knows. CPU only,
+    since a CUDA package's weights would have to be copied to the device anyway and that path has not
+    been measured."""
     return device == "cpu" and not options.freezing
 
 
@@ -242,10 +242,11 @@ class AotiRunner:
         weights = weights_file(path)
         if weights is not None:
             load_weights(self._model, weights)
-        # A package with its weights inside (a frozen one) copied them out of its extracted .so onto the
-        # heap; the mapped copy would otherwise stay resident (torch keeps the library open even after
-        # the model is dropped).
-        page_out_file_mappings(package_libraries(path))
+        else:
+            # A package with its weights inside (a frozen one) copied them out of its extracted .so onto
+            # the heap; the mapped copy would otherwise stay resident (torch keeps the library open even
+            # after the model is dropped). A package whose weights are beside it maps only code.
+            page_out_file_mappings(package_libraries(path))
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         host = any(isinstance(feeds[n], np.ndarray) for n in self.input_names)
