@@ -19,13 +19,15 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ort_ops.build_library(tmp_path_factory.mktemp("ort_ops"))
 
 
-def _snake_session(library: Path, shape: list[int], alpha: np.ndarray, scale: np.ndarray) -> ort.InferenceSession:
+def _snake_session(library: Path, shape: list[int], alpha: np.ndarray, scale: np.ndarray,
+                   threads: int = 0) -> ort.InferenceSession:
     node = helper.make_node("Snake", ["x", "alpha", "scale"], ["y"], domain=ort_ops.DOMAIN)
     graph = helper.make_graph([node], "snake", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
                               [numpy_helper.from_array(alpha, "alpha"), numpy_helper.from_array(scale, "scale")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ort_ops.DOMAIN, 1)])
     so = ort_ops.register(ort.SessionOptions(), library)
+    so.intra_op_num_threads = threads
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
@@ -69,6 +71,21 @@ def test_snake_matches_float64_over_a_wide_range(library: Path, per_channel: boo
     small = np.abs(x) < 0.1
     rel = np.abs(got - want)[small] / np.maximum(np.abs(want[small]), 1e-30)
     assert rel.max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", [[1, 37, 1000], [3, 5, 40000], [1, 1, 7]])
+def test_snake_split_over_the_pool_matches_one_thread(library: Path, shape: list[int]) -> None:
+    # Rows go out in blocks through ONNX Runtime's pool: many blocks with a ragged last one, rows longer
+    # than a block, a single row. Every element is computed the same way, so the threads change nothing.
+    rng = np.random.default_rng(1)
+    alpha = rng.uniform(0.2, 2.0, shape[1]).astype(np.float32)
+    scale = (1.0 / alpha).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32) * 4
+    one = _snake_session(library, shape, alpha, scale, threads=1).run(None, {"x": x})[0]
+    pool = _snake_session(library, shape, alpha, scale, threads=4).run(None, {"x": x})[0]
+    assert np.array_equal(one, pool)
+    want = _want(x, alpha, scale)
+    assert (np.abs(pool - want).max(axis=(0, 2)) / np.abs(want).max(axis=(0, 2))).max() < 2e-6
 
 
 def test_mismatched_alpha_is_refused_with_a_message(library: Path) -> None:

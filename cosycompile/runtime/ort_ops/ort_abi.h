@@ -1,9 +1,11 @@
 // The part of ONNX Runtime's C ABI a custom-op library needs, declared here because the Python
 // wheel ships no headers (include/onnxruntime/core/session/onnxruntime_c_api.h of
 // microsoft/onnxruntime). `OrtApi` is a table of function pointers that only ever grows at its end,
-// so an entry's position is fixed once released: the positions named in `OrtApiIndex` are all of
-// the first version's (0-101), checked against that header at commit
-// 44885662608f431f1dfd7684b08431ca6f6f1893. `OrtCustomOp` is declared up to GetEndVersion, the
+// so an entry's position is fixed once released: the positions named in `OrtApiIndex` up to 101
+// are the first version's, checked against that header at commit
+// 44885662608f431f1dfd7684b08431ca6f6f1893; KernelContext_ParallelFor (274, "since 1.17" in the
+// header's own comment) comes from the table's byte offsets in a binding generated from a later
+// header, which place entries 90 and 91 where that commit does. `OrtCustomOp` is declared up to GetEndVersion, the
 // fields of its version 17 (the header's later releases append GetMayInplace, ReleaseMayInplace,
 // GetAliasMap and ReleaseAliasMap, read only from version 18 on): ONNX Runtime 1.32 reads the
 // characteristic and variadic callbacks whatever `version` a library sets, so the first version's
@@ -77,6 +79,9 @@ enum OrtApiIndex : size_t {
     kKernelContext_GetInput = 90,
     kKernelContext_GetOutput = 91,
     kReleaseTensorTypeAndShapeInfo = 99,
+    // Added in version 17 (ONNX Runtime 1.17), the version the library asks for; at byte offset 2192
+    // of the table, after SetDeterministicCompute (273).
+    kKernelContext_ParallelFor = 274,
 };
 
 // The version the library asks for: the oldest that has every entry above and OrtCustomOp's v17 fields.

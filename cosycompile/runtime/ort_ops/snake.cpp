@@ -8,9 +8,10 @@
 // compiler vectorizes. The loop is compiled for three ISA levels and the loader picks the one this
 // CPU runs, so a library built on one x86-64 machine runs on any other.
 //
-// x is [..., C, T] float32; alpha and scale hold one value per channel (C) or one for all. The
-// loop is single-threaded: ONNX Runtime's own pool runs the convolutions around it, and a second
-// threading runtime in the process spins against that pool on a small machine.
+// x is [..., C, T] float32; alpha and scale hold one value per channel (C) or one for all. Rows go
+// out in blocks through KernelContext_ParallelFor, i.e. to the session's own intra-op pool (the one
+// that runs the convolutions around the op): a second threading runtime in the process would spin
+// against that pool on a small machine.
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -80,6 +81,32 @@ size_t count(const int64_t* dims, size_t rank) {
     return n;
 }
 
+// One call's rows, cut into blocks of `block` rows for the pool.
+struct Rows {
+    const float* x;
+    float* y;
+    const float* alpha;
+    const float* scale;
+    size_t steps, channels, na, ns, rows, block;
+};
+
+// Rows per block: about this many elements, so that a block outweighs handing it to a pool thread,
+// while the Snakes of HiFT's first level (256 channels of a few thousand steps) still split into
+// dozens of blocks.
+constexpr size_t kBlockElements = 16384;
+
+void run_block(void* data, size_t index) {
+    const Rows& j = *static_cast<const Rows*>(data);
+    const size_t end = index * j.block + j.block < j.rows ? index * j.block + j.block : j.rows;
+    for (size_t r = index * j.block; r < end; ++r) {
+        const size_t c = j.channels ? r % j.channels : 0;
+        snake_row(j.x + r * j.steps, j.y + r * j.steps, j.steps, j.alpha[j.na == 1 ? 0 : c],
+                  j.scale[j.ns == 1 ? 0 : c]);
+    }
+}
+
+using ParallelForFn = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+
 OrtStatus* compute(void* /*kernel*/, OrtKernelContext* context) {
     const OrtValue* in[3];
     int64_t dims[3][kMaxRank];
@@ -102,12 +129,15 @@ OrtStatus* compute(void* /*kernel*/, OrtKernelContext* context) {
     if (OrtStatus* s = data_of(in[1], &alpha)) return s;
     if (OrtStatus* s = data_of(in[2], &scale)) return s;
     if (OrtStatus* s = data_of(out, &y)) return s;
-    const size_t rows = steps ? count(dims[0], rank[0]) / steps : 0;
-    for (size_t r = 0; r < rows; ++r) {
-        const size_t c = channels ? r % channels : 0;
-        snake_row(x + r * steps, y + r * steps, steps, alpha[na == 1 ? 0 : c], scale[ns == 1 ? 0 : c]);
+    Rows job{x, y, alpha, scale, steps, channels, na, ns, steps ? count(dims[0], rank[0]) / steps : 0, 0};
+    if (job.rows == 0) return nullptr;
+    job.block = (kBlockElements + steps - 1) / steps;
+    const size_t blocks = (job.rows + job.block - 1) / job.block;
+    if (blocks == 1) {
+        run_block(&job, 0);
+        return nullptr;
     }
-    return nullptr;
+    return api_fn<ParallelForFn>(g_api, kKernelContext_ParallelFor)(context, run_block, blocks, 0, &job);
 }
 
 struct Kernel {};
