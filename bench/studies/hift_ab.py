@@ -30,24 +30,6 @@ LEVELS = ((256, 8), (128, 40), (64, 120))
 OP_RUNS = 50  # Snake calls per timed sample: one call is well under a millisecond
 
 
-def _snake_session(library: Path, channels: int, steps: int, threads: int) -> Any:
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    from cosycompile.runtime import ort_ops
-
-    shape = [1, channels, steps]
-    alpha = np.linspace(0.2, 2.0, channels, dtype=np.float32)
-    node = helper.make_node("Snake", ["x", "alpha", "scale"], ["y"], domain=ort_ops.DOMAIN)
-    graph = helper.make_graph([node], "snake", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-                              [numpy_helper.from_array(alpha, "alpha"), numpy_helper.from_array(1 / alpha, "scale")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ort_ops.DOMAIN, 1)])
-    so = ort_ops.register(ort.SessionOptions(), library)
-    so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-
-
 def _repeat(fn: Any, runs: int) -> Any:
     def timed() -> None:
         for _ in range(runs):
@@ -90,7 +72,9 @@ def main() -> int:
         for channels, factor in LEVELS:
             steps = args.frames * factor
             x = np.random.default_rng(1).standard_normal((1, channels, steps)).astype(np.float32)
-            sa, sb = (_snake_session(lib, channels, steps, args.threads) for lib in libs)
+            alpha = np.linspace(0.2, 2.0, channels, dtype=np.float32)
+            sa, sb = (ort_ops.snake_session(lib, [1, channels, steps], alpha, 1 / alpha, args.threads)
+                      for lib in libs)
             s = paired_ratio(_repeat(lambda: sa.run(None, {"x": x}), OP_RUNS),
                              _repeat(lambda: sb.run(None, {"x": x}), OP_RUNS), pairs=7)
             out["snake"].append({"shape": [1, channels, steps], "a_ms": 1000 * s.reference_s / OP_RUNS,

@@ -6,9 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from cosycompile.errors import UserError
 from cosycompile.runtime import ort_ops
@@ -17,18 +15,6 @@ from cosycompile.runtime import ort_ops
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ort_ops.build_library(tmp_path_factory.mktemp("ort_ops"))
-
-
-def _snake_session(library: Path, shape: list[int], alpha: np.ndarray, scale: np.ndarray,
-                   threads: int = 0) -> ort.InferenceSession:
-    node = helper.make_node("Snake", ["x", "alpha", "scale"], ["y"], domain=ort_ops.DOMAIN)
-    graph = helper.make_graph([node], "snake", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
-                              [numpy_helper.from_array(alpha, "alpha"), numpy_helper.from_array(scale, "scale")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ort_ops.DOMAIN, 1)])
-    so = ort_ops.register(ort.SessionOptions(), library)
-    so.intra_op_num_threads = threads
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _want(x: np.ndarray, alpha: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -62,7 +48,7 @@ def test_snake_matches_float64_over_a_wide_range(library: Path, per_channel: boo
         alpha = np.array([1.3], np.float32)
     scale = (1.0 / (alpha.astype(np.float64) + 1e-9)).astype(np.float32)
     x = (rng.standard_normal((2, C, T)) * np.array([1, 3, 30, 300, 1, 3, 10])[:, None]).astype(np.float32)
-    got = _snake_session(library, [2, C, T], alpha, scale).run(None, {"x": x})[0]
+    got = ort_ops.snake_session(library, [2, C, T], alpha, scale).run(None, {"x": x})[0]
     want = _want(x, alpha, scale)
     # Per channel, relative to the channel's largest output: float32 rounding of x + scale * sin^2.
     err = np.abs(got - want).max(axis=(0, 2)) / np.abs(want).max(axis=(0, 2))
@@ -81,15 +67,15 @@ def test_snake_split_over_the_pool_matches_one_thread(library: Path, shape: list
     alpha = rng.uniform(0.2, 2.0, shape[1]).astype(np.float32)
     scale = (1.0 / alpha).astype(np.float32)
     x = rng.standard_normal(shape).astype(np.float32) * 4
-    one = _snake_session(library, shape, alpha, scale, threads=1).run(None, {"x": x})[0]
-    pool = _snake_session(library, shape, alpha, scale, threads=4).run(None, {"x": x})[0]
+    one = ort_ops.snake_session(library, shape, alpha, scale, threads=1).run(None, {"x": x})[0]
+    pool = ort_ops.snake_session(library, shape, alpha, scale, threads=4).run(None, {"x": x})[0]
     assert np.array_equal(one, pool)
     want = _want(x, alpha, scale)
     assert (np.abs(pool - want).max(axis=(0, 2)) / np.abs(want).max(axis=(0, 2))).max() < 2e-6
 
 
 def test_mismatched_alpha_is_refused_with_a_message(library: Path) -> None:
-    sess = _snake_session(library, [1, 4, 16], np.ones(3, np.float32), np.ones(1, np.float32))
+    sess = ort_ops.snake_session(library, [1, 4, 16], np.ones(3, np.float32), np.ones(1, np.float32))
     with pytest.raises(Exception, match="one value or one per channel"):
         sess.run(None, {"x": np.zeros((1, 4, 16), np.float32)})
 

@@ -76,3 +76,20 @@ def register(so: Any, library: Path | None) -> Any:
     if library is not None:
         so.register_custom_ops_library(str(library))
     return so
+
+
+def snake_session(library: Path, shape: list[int], alpha: Any, scale: Any, threads: int = 0) -> Any:
+    """An ``onnxruntime.InferenceSession`` of one ``Snake`` node over float32 ``x`` of ``shape``, with
+    ``alpha`` and ``scale`` (numpy float32) as initializers: the library checked and timed alone.
+    ``threads`` is the session's intra-op thread count (0: ONNX Runtime's default)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    node = helper.make_node("Snake", ["x", "alpha", "scale"], ["y"], domain=DOMAIN)
+    graph = helper.make_graph([node], "snake", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                              [numpy_helper.from_array(alpha, "alpha"), numpy_helper.from_array(scale, "scale")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)])
+    so = register(ort.SessionOptions(), library)
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])

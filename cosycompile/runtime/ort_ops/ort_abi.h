@@ -5,8 +5,8 @@
 // are the first version's, checked against that header at commit
 // 44885662608f431f1dfd7684b08431ca6f6f1893; KernelContext_ParallelFor (274, "since 1.17" in the
 // header's own comment) comes from the table's byte offsets in a binding generated from a later
-// header, which place entries 90 and 91 where that commit does. `OrtCustomOp` is declared up to GetEndVersion, the
-// fields of its version 17 (the header's later releases append GetMayInplace, ReleaseMayInplace,
+// header, which place entries 90 and 91 where that commit does. `OrtCustomOp` is declared up to
+// GetEndVersion, the fields of its version 17 (the header's later releases append GetMayInplace, ReleaseMayInplace,
 // GetAliasMap and ReleaseAliasMap, read only from version 18 on): ONNX Runtime 1.32 reads the
 // characteristic and variadic callbacks whatever `version` a library sets, so the first version's
 // ten fields alone are not enough. tests/runtime/test_ort_ops.py runs the library in the installed

@@ -12,6 +12,7 @@
 // out in blocks through KernelContext_ParallelFor, i.e. to the session's own intra-op pool (the one
 // that runs the convolutions around the op): a second threading runtime in the process would spin
 // against that pool on a small machine.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -97,7 +98,7 @@ constexpr size_t kBlockElements = 16384;
 
 void run_block(void* data, size_t index) {
     const Rows& j = *static_cast<const Rows*>(data);
-    const size_t end = index * j.block + j.block < j.rows ? index * j.block + j.block : j.rows;
+    const size_t end = std::min(j.rows, (index + 1) * j.block);
     for (size_t r = index * j.block; r < end; ++r) {
         const size_t c = j.channels ? r % j.channels : 0;
         snake_row(j.x + r * j.steps, j.y + r * j.steps, j.steps, j.alpha[j.na == 1 ? 0 : c],
@@ -133,10 +134,6 @@ OrtStatus* compute(void* /*kernel*/, OrtKernelContext* context) {
     if (job.rows == 0) return nullptr;
     job.block = (kBlockElements + steps - 1) / steps;
     const size_t blocks = (job.rows + job.block - 1) / job.block;
-    if (blocks == 1) {
-        run_block(&job, 0);
-        return nullptr;
-    }
     return api_fn<ParallelForFn>(g_api, kKernelContext_ParallelFor)(context, run_block, blocks, 0, &job);
 }
 
